@@ -1,0 +1,48 @@
+# The README's commands. Each one sets itself up from nothing on a fresh clone.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.setup-stamp
+TORCH := torch==2.13.0
+FLASH_ATTN := flash-attn==2.8.3
+# Nothing is ever fetched from a model or data hub at run time.
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export HF_DATASETS_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+export PYTHONHASHSEED := 0
+
+.PHONY: setup demo test bench lint clean
+
+setup: $(STAMP)
+
+# Re-runs only when the pinned requirements change; a second `make setup` is a no-op.
+$(STAMP): pyproject.toml
+	@command -v bwrap >/dev/null || { echo "installing bubblewrap (sandbox)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null; }
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	# torch first and on its own: the CPU wheel; a plain requirement would pull a CUDA build
+	$(PIP) install -q $(TORCH)
+	# flash-attn's Python side only (no CUDA build) so openrlhf imports on CPU; see DEVELOPERS.md
+	$(PY) -c "import flash_attn" 2>/dev/null || FLASH_ATTENTION_SKIP_CUDA_BUILD=TRUE FLASH_ATTENTION_FORCE_BUILD=TRUE \
+	  $(PIP) install -q --no-build-isolation --no-deps $(FLASH_ATTN)
+	$(PIP) install -q -e ".[train,dev]"
+	@touch $(STAMP)
+
+demo: setup
+	$(VENV)/bin/didpo demo --config configs/local.yaml
+
+test: setup
+	$(PY) -m pytest -q
+
+bench: setup
+	@for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+lint: setup
+	$(VENV)/bin/ruff check pipeline training workflows tests benchmarks
+
+clean:
+	rm -rf $(VENV) runs build *.egg-info

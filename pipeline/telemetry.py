@@ -1,0 +1,88 @@
+"""One logging facade for every stage: console (rich), a JSONL metrics file, optional TensorBoard, progress bars.
+
+    log = get_logger(__name__)                      # console messages
+    metrics = MetricsLog(run_dir, tensorboard=True)  # numbers over steps, one JSON object per line
+    metrics.log("train", step=3, loss=0.12)
+    for x in progress(items, "rollouts"): ...       # a progress bar on every long loop
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+from rich.logging import RichHandler
+from tqdm.auto import tqdm
+
+T = TypeVar("T")
+_CONFIGURED = False
+
+
+def configure(level: str = "INFO") -> None:
+    """Route the root logger through rich once (idempotent); quiet noisy third-party loggers."""
+    global _CONFIGURED
+    root = logging.getLogger()
+    root.setLevel(level.upper())
+    if not _CONFIGURED:
+        handler = RichHandler(rich_tracebacks=False, show_path=False, markup=False)
+        handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+        root.addHandler(handler)
+        for noisy in ("apache_beam", "urllib3", "filelock", "datasets", "torch.distributed", "DeepSpeed"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
+        _CONFIGURED = True
+
+
+def get_logger(name: str) -> logging.Logger:
+    return logging.getLogger(name)
+
+
+def progress(items: Iterable[T], desc: str, total: int | None = None, **kwargs: Any) -> Iterator[T]:
+    """A progress bar (stderr); silent when DIDPO_PROGRESS=0 (tests, CI logs)."""
+    disable = os.environ.get("DIDPO_PROGRESS", "1") == "0"
+    return iter(tqdm(items, desc=desc, total=total, disable=disable, dynamic_ncols=True, file=sys.stderr,
+                     mininterval=0.5, **kwargs))
+
+
+class MetricsLog:
+    """Append-only metrics: `<dir>/metrics.jsonl` (always) and TensorBoard event files (optional).
+
+    Each record is {"ts": unix time, "scope": ..., "step": ..., <metric>: <number>}; non-finite values are
+    written as null so the file stays valid JSON.
+    """
+
+    def __init__(self, directory: str | Path, *, tensorboard: bool = False) -> None:
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.dir / "metrics.jsonl"
+        self._tb = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter  # optional, heavy import
+
+            self._tb = SummaryWriter(str(self.dir / "tensorboard"))
+
+    def log(self, scope: str, step: int, **metrics: float) -> None:
+        clean = {k: (float(v) if v is not None and math.isfinite(float(v)) else None) for k, v in metrics.items()}
+        record = {"ts": round(time.time(), 3), "scope": scope, "step": step, **clean}
+        with self.path.open("a") as fh:
+            fh.write(json.dumps(record) + "\n")
+        if self._tb is not None:
+            for k, v in clean.items():
+                if v is not None:
+                    self._tb.add_scalar(f"{scope}/{k}", v, step)
+
+    def read(self, scope: str | None = None) -> list[dict[str, Any]]:
+        if not self.path.exists():
+            return []
+        rows = [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+        return [r for r in rows if scope is None or r["scope"] == scope]
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
