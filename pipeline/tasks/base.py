@@ -6,16 +6,60 @@ the tests it may see, the tests that decide its reward, and a reference solution
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Any, Literal
 
 Split = Literal["train", "validation", "test"]
 SuiteKind = Literal["check", "pytest", "io"]
 
 
-def _frozen(mapping: dict[str, str] | MappingProxyType) -> MappingProxyType:
-    return mapping if isinstance(mapping, MappingProxyType) else MappingProxyType(dict(mapping))
+class FrozenMap(Mapping):
+    """An immutable, hashable, picklable mapping (types.MappingProxyType cannot be pickled; Beam pickles tasks)."""
+
+    __slots__ = ("_data", "_hash")
+
+    def __init__(self, data: Mapping | None = None) -> None:
+        object.__setattr__(self, "_data", dict(data or {}))
+        object.__setattr__(self, "_hash", None)
+
+    def __getitem__(self, key: Any) -> Any:
+        return self._data[key]
+
+    def __iter__(self) -> Iterator:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __hash__(self) -> int:
+        if self._hash is None:
+            object.__setattr__(
+                self, "_hash", hash(frozenset((k, _hashable(v)) for k, v in self._data.items()))
+            )
+        return self._hash
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("FrozenMap is immutable")
+
+    def __reduce__(self) -> tuple:
+        return (FrozenMap, (self._data,))
+
+    def __repr__(self) -> str:
+        return f"FrozenMap({self._data!r})"
+
+
+def _hashable(value: Any) -> Any:
+    if isinstance(value, dict | FrozenMap):
+        return frozenset((k, _hashable(v)) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return tuple(_hashable(v) for v in value)
+    return value
+
+
+def frozen(mapping: Mapping | None) -> FrozenMap:
+    """`mapping` as a FrozenMap (no copy if it already is one)."""
+    return mapping if isinstance(mapping, FrozenMap) else FrozenMap(mapping)
 
 
 @dataclass(frozen=True)
@@ -33,14 +77,14 @@ class TestSuite:
     __test__ = False  # not a pytest class, despite the name
 
     kind: SuiteKind
-    files: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))  # path -> source text
+    files: FrozenMap = field(default_factory=FrozenMap)  # path -> source text
     entry_point: str | None = None  # function under test ("check" and "io")
     module: str | None = None  # workspace module that defines entry_point, e.g. "solution"
     inputs: tuple[Any, ...] = ()  # "io": one argument list per case
     atol: float = 0.0  # "io": absolute tolerance for float outputs
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "files", _frozen(self.files))
+        object.__setattr__(self, "files", frozen(self.files))
         object.__setattr__(self, "inputs", tuple(self.inputs))
 
     @property
@@ -57,15 +101,15 @@ class Task:
     source: str  # loader name: humaneval, humanevalplus, mbpp, mbppplus, humanevalfix, exercism
     split: Split  # train / validation / test; training and evaluation ids never mix
     instructions: str  # natural-language statement shown to the agent
-    workspace: MappingProxyType  # path -> text: the files the agent starts from (stub or buggy code)
+    workspace: FrozenMap  # path -> text: the files the agent starts from (stub or buggy code)
     visible_tests: TestSuite  # shown to the agent; their pass fraction is the graded step reward
     hidden_tests: TestSuite  # never shown; they decide the final outcome
-    reference: MappingProxyType  # path -> text: a correct workspace (SFT and checks only, never shown)
-    meta: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))  # source-specific extras
+    reference: FrozenMap  # path -> text: a correct workspace (SFT and checks only, never shown)
+    meta: FrozenMap = field(default_factory=FrozenMap)  # source-specific extras
 
     def __post_init__(self) -> None:
         for name in ("workspace", "reference", "meta"):
-            object.__setattr__(self, name, _frozen(getattr(self, name)))
+            object.__setattr__(self, name, frozen(getattr(self, name)))
         if not self.task_id or "/" not in self.task_id:
             raise ValueError(f"task_id {self.task_id!r} must look like '<source>/<native id>'")
         if not self.workspace:

@@ -1,0 +1,141 @@
+"""Task sources -> `Task` (workspace files, visible tests, hidden tests, instructions, reference).
+
+1. `SOURCES` maps a source name to its loader: `loader(path) -> list[Task]`, in file order.
+2. `load_source(name)` reads the source's bundled file in `data/` (or any file of that format) and filters
+   by split, ids and limit; `load_bundled()` reads every source's bundled file.
+3. `check_disjoint(train, evaluation)` refuses a training pool that shares a problem with the evaluation
+   set, across sources: tasks carry `meta["problem"]` ("humaneval:0" for humaneval, humanevalplus and
+   humanevalfix task 0; "mbpp:123" for mbpp and mbppplus 123; "exercism:<slug>").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from types import MappingProxyType
+
+from pipeline.tasks.base import Split, Task, TestSuite
+from pipeline.tasks.cases import count_cases
+from pipeline.tasks.evalplus import load_humanevalplus, load_mbppplus
+from pipeline.tasks.exercism import load_exercism
+from pipeline.tasks.humaneval import load_humaneval, load_humanevalfix
+from pipeline.tasks.mbpp import load_mbpp
+from pipeline.tasks.records import TaskFormatError
+
+__all__ = [
+    "BUNDLED_DIR",
+    "BUNDLED_FILES",
+    "SOURCES",
+    "Task",
+    "TaskFormatError",
+    "TestSuite",
+    "check_disjoint",
+    "count_cases",
+    "load_bundled",
+    "load_source",
+    "problem_key",
+]
+
+Loader = Callable[[Path], list[Task]]
+
+SOURCES: Mapping[str, Loader] = MappingProxyType(
+    {
+        "humaneval": load_humaneval,
+        "humanevalplus": load_humanevalplus,
+        "mbpp": load_mbpp,
+        "mbppplus": load_mbppplus,
+        "humanevalfix": load_humanevalfix,
+        "exercism": load_exercism,
+    }
+)
+
+# Bundled with the repository (see data/README.md). EvalPlus sources default to their NoExtreme files
+# (same tasks, without the inputs that need minutes or gigabytes); the full files sit beside them.
+BUNDLED_DIR = Path(__file__).resolve().parents[2] / "data"
+BUNDLED_FILES: Mapping[str, str] = MappingProxyType(
+    {
+        "humaneval": "HumanEval.jsonl.gz",
+        "humanevalplus": "HumanEvalPlus-NoExtreme.jsonl.gz",
+        "mbpp": "mbpp_release_v1.jsonl",
+        "mbppplus": "MbppPlus-NoExtreme.jsonl.gz",
+        "humanevalfix": "humanevalpack_python.jsonl",
+        "exercism": "exercism_python.jsonl",
+    }
+)
+SPLITS: tuple[Split, ...] = ("train", "validation", "test")
+
+
+def _unknown_source(source: str) -> ValueError:
+    return ValueError(f"unknown task source {source!r}; allowed: {', '.join(SOURCES)}")
+
+
+def load_source(
+    source: str,
+    path: str | Path | None = None,
+    *,
+    split: Split | None = None,
+    limit: int | None = None,
+    ids: Iterable[str] | None = None,
+) -> list[Task]:
+    """Tasks of one source, in file order: its bundled file (path None) or a file of its format.
+
+    split: keep one split. ids: keep these tasks, each given as task_id ("mbpp/MBPP/12") or native id
+    ("MBPP/12"); an id that matches nothing is an error. limit: then keep the first `limit`.
+    Raises ValueError (unknown source, split or id, bad limit), FileNotFoundError, TaskFormatError.
+    """
+    if source not in SOURCES:
+        raise _unknown_source(source)
+    if split is not None and split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; allowed: {', '.join(SPLITS)}")
+    if isinstance(ids, str):
+        raise ValueError(f"ids must be a list of task ids, not the string {ids!r}")
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit must be >= 1 (or None for all), got {limit}")
+    file = BUNDLED_DIR / BUNDLED_FILES[source] if path is None else Path(path)
+    if not file.is_file():
+        raise FileNotFoundError(f"task file for source {source!r} not found: {file}")
+    tasks = SOURCES[source](file)
+    if split is not None:
+        tasks = [t for t in tasks if t.split == split]
+    if ids is not None:
+        wanted = {i if i.startswith(f"{source}/") else f"{source}/{i}" for i in ids}
+        missing = wanted - {t.task_id for t in tasks}
+        if missing:
+            where = f" with split {split!r}" if split else ""
+            raise ValueError(f"{file}: no {source} task{where} with id {', '.join(sorted(missing))}")
+        tasks = [t for t in tasks if t.task_id in wanted]
+    return tasks[:limit] if limit is not None else tasks
+
+
+def load_bundled() -> list[Task]:
+    """Every source's bundled file (one file per source, `BUNDLED_FILES`), sources in `SOURCES` order."""
+    return [task for source in SOURCES for task in load_source(source)]
+
+
+def problem_key(task: Task) -> str:
+    """The cross-source problem a task poses (`meta["problem"]`; the task_id for tasks without one)."""
+    return str(task.meta.get("problem", task.task_id))
+
+
+def check_disjoint(train: Iterable[Task], evaluation: Iterable[Task], *, show: int = 10) -> None:
+    """Raise ValueError naming the shared problems if a training task poses an evaluation problem."""
+    train_by_problem: dict[str, list[str]] = {}
+    for task in train:
+        train_by_problem.setdefault(problem_key(task), []).append(task.task_id)
+    shared: dict[str, list[str]] = {}
+    for task in evaluation:
+        key = problem_key(task)
+        if key in train_by_problem:
+            shared.setdefault(key, []).append(task.task_id)
+    if not shared:
+        return
+    lines = [
+        f"  {key}: train {', '.join(train_by_problem[key])} / eval {', '.join(shared[key])}"
+        for key in sorted(shared)[:show]
+    ]
+    more = f"\n  ... and {len(shared) - show} more" if len(shared) > show else ""
+    raise ValueError(
+        f"training and evaluation tasks share {len(shared)} problem(s); remove them from one side:\n"
+        + "\n".join(lines)
+        + more
+    )

@@ -1,0 +1,100 @@
+"""The `tasks` config section: which task sources make the training pool and the evaluation set.
+
+    tasks:
+      train:
+        - {source: mbpp, split: train}
+        - {source: exercism}
+      eval:
+        - {source: humanevalfix}
+        - {source: mbppplus, split: test, path: /data/MbppPlus.jsonl.gz}
+
+`resolve_tasks(settings)` loads both sides and refuses a training pool that shares a problem with the
+evaluation set (`check_disjoint`), so evaluation ids never leak into training.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from pipeline.tasks import SOURCES, Task, check_disjoint, load_source
+from pipeline.tasks.base import Split
+
+
+class TaskSourceSpec(BaseModel):
+    """One source's contribution: a file (None = the bundled one), filtered by split, ids, then limit."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    source: str  # a name in pipeline.tasks.SOURCES
+    path: Path | None = None  # a file of the source's format (relative: to the working dir); None = bundled
+    split: Split | None = None  # keep one split; None = all
+    limit: int | None = Field(default=None, ge=1)  # keep the first `limit` tasks (after split and ids)
+    ids: tuple[str, ...] | None = None  # keep these task ids ("mbpp/MBPP/12" or native "MBPP/12")
+
+    @field_validator("source")
+    @classmethod
+    def _known_source(cls, source: str) -> str:
+        if source not in SOURCES:
+            raise ValueError(f"unknown task source {source!r}; allowed: {', '.join(SOURCES)}")
+        return source
+
+    @field_validator("ids")
+    @classmethod
+    def _distinct_ids(cls, ids: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if ids is None:
+            return None
+        if not ids:
+            raise ValueError("ids must list at least one task id (or be omitted for all tasks)")
+        repeated = sorted(i for i, n in Counter(ids).items() if n > 1)
+        if repeated:
+            raise ValueError(f"ids lists {', '.join(repeated)} more than once")
+        return ids
+
+    def load(self) -> list[Task]:
+        return load_source(self.source, self.path, split=self.split, limit=self.limit, ids=self.ids)
+
+
+def _default_train() -> tuple[TaskSourceSpec, ...]:
+    return (TaskSourceSpec(source="mbpp", split="train"), TaskSourceSpec(source="exercism"))
+
+
+def _default_eval() -> tuple[TaskSourceSpec, ...]:
+    return (TaskSourceSpec(source="humanevalfix"),)
+
+
+class TasksSettings(BaseModel):
+    """Training pool and evaluation set. Defaults: MBPP train ids + Exercism for training, HumanEvalFix for
+    evaluation (the data README's suggestion, bundled, disjoint by construction)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    train: tuple[TaskSourceSpec, ...] = Field(default_factory=_default_train, min_length=1)
+    eval: tuple[TaskSourceSpec, ...] = Field(default_factory=_default_eval)
+
+    @model_validator(mode="after")
+    def _no_spec_on_both_sides(self) -> TasksSettings:
+        # The cheap, early case of overlap; `resolve_tasks` checks the problems themselves.
+        same = [spec for spec in self.train if spec in self.eval]
+        if same:
+            named = ", ".join(spec.model_dump_json(exclude_none=True) for spec in same)
+            raise ValueError(f"train and eval both select {named}: training and evaluation tasks must differ")
+        return self
+
+
+def resolve_tasks(settings: TasksSettings) -> tuple[list[Task], list[Task]]:
+    """(train, eval) tasks, each side in spec order; ValueError naming the shared problems if they overlap,
+    or naming a task id that two specs of one side both select."""
+    sides = []
+    for name, specs in (("train", settings.train), ("eval", settings.eval)):
+        tasks = [task for spec in specs for task in spec.load()]
+        repeated = sorted(t for t, n in Counter(task.task_id for task in tasks).items() if n > 1)
+        if repeated:
+            shown = ", ".join(repeated[:10]) + (" ..." if len(repeated) > 10 else "")
+            raise ValueError(f"tasks.{name} selects {len(repeated)} task(s) twice: {shown}")
+        sides.append(tasks)
+    train, evaluation = sides
+    check_disjoint(train, evaluation)
+    return train, evaluation
