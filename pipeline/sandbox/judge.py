@@ -1,0 +1,276 @@
+"""The honest judge: turns a Task's test suite + a workspace into an `ExecResult`, never trusting the code.
+
+Exit codes and stdout of the code under test are ignored. Outcomes come from (see `_worker` for the how):
+  check  - the test process T, which never runs candidate code, over a pipe the candidate does not hold;
+  io     - plain-data outputs compared here, outside the sandbox, with the reference's outputs (cached);
+  pytest - a nonce-tagged record on a private descriptor, accepted only if the harness finished.
+A run that does not complete the harness scores 0 passed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import signal
+import threading
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+from pipeline.sandbox import _worker
+from pipeline.sandbox.pool import SandboxPool
+from pipeline.tasks.base import Task, TestSuite
+
+ExecStatus = Literal["passed", "failed", "timeout", "crashed", "invalid_action", "infra_error"]
+EXEC_STATUSES: tuple[str, ...] = ("passed", "failed", "timeout", "crashed", "invalid_action", "infra_error")
+
+
+@dataclass(frozen=True)
+class CaseResult:
+    name: str  # "line 12: assert candidate(...) == ..." / io "input 3" / pytest node id
+    passed: bool
+    detail: str = ""  # why it failed (exception, wrong output), short
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    status: ExecStatus
+    passed: int  # verified passing cases
+    total: int  # cases in the suite
+    duration_s: float  # wall time inside the sandbox
+    isolation: str  # "bwrap" or "rlimits" (degraded fallback)
+    cases: tuple[CaseResult, ...] = ()
+    stdout: str = ""  # capped; never used for scoring
+    stderr: str = ""
+    detail: str = ""  # run-level explanation (import error, timeout, infra error)
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def pass_fraction(self) -> float:
+        return self.passed / self.total if self.total else 0.0
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["pass_fraction"] = self.pass_fraction
+        return d
+
+
+def _hash(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+def _module_of(suite: TestSuite, files: Mapping[str, str]) -> str:
+    if suite.module:
+        return suite.module
+    py = [p for p in files if p.endswith(".py") and "/" not in p and not p.startswith("test")]
+    if len(py) == 1:
+        return py[0][:-3]
+    raise ValueError(f"test suite names no module and the workspace has {len(py)} candidate modules: {py}")
+
+
+def outputs_equal(expected, actual, atol: float) -> bool:
+    """Plain-data equality with float tolerance (evalplus convention: atol 0 on floats means 1e-6)."""
+    if isinstance(expected, float) or isinstance(actual, float):
+        if isinstance(expected, bool) or isinstance(actual, bool):
+            return expected == actual
+        if not isinstance(expected, int | float) or not isinstance(actual, int | float):
+            return False
+        if math.isnan(expected) and math.isnan(actual):
+            return True
+        return expected == actual or math.isclose(expected, actual, rel_tol=0.0, abs_tol=atol or 1e-6)
+    if type(expected) in (list, tuple):
+        return (type(expected) is type(actual) and len(expected) == len(actual)
+                and all(outputs_equal(e, a, atol) for e, a in zip(expected, actual, strict=True)))
+    if type(expected) is dict:
+        return (type(actual) is dict and expected.keys() == actual.keys()
+                and all(outputs_equal(v, actual[k], atol) for k, v in expected.items()))
+    return type(expected) is type(actual) and expected == actual or (
+        isinstance(expected, int) and isinstance(actual, int) and expected == actual
+    )
+
+
+class Judge:
+    """Runs suites through a `SandboxPool`. Thread-safe; the reference-output cache is per judge."""
+
+    def __init__(self, pool: SandboxPool, timeout_s: float | None = None):
+        self.pool = pool
+        self.timeout_s = timeout_s
+        self._expected: dict[str, list] = {}
+        self._lock = threading.Lock()
+
+    # -- public
+    def run(self, task: Task, files: Mapping[str, str], *, hidden: bool = False) -> ExecResult:
+        """Execute the task's hidden (or visible) tests against `files` (path -> text)."""
+        suite = task.hidden_tests if hidden else task.visible_tests
+        return self.run_suite(suite, files, reference=task.reference, cache_key=f"{task.task_id}|{hidden}")
+
+    def run_suite(self, suite: TestSuite, files: Mapping[str, str], *, reference: Mapping[str, str] | None = None,
+                  cache_key: str = "") -> ExecResult:
+        files = dict(files)
+        if suite.kind == "check":
+            return self._run_check(suite, files)
+        if suite.kind == "io":
+            if reference is None:
+                raise ValueError("io suites need the reference workspace to compute expected outputs")
+            expected = self._expected_outputs(suite, dict(reference), cache_key)
+            if isinstance(expected, ExecResult):
+                return expected
+            return self._run_io(suite, files, expected)
+        if suite.kind == "pytest":
+            return self._run_pytest(suite, files)
+        raise ValueError(f"unknown test suite kind {suite.kind!r}")
+
+    # -- kinds
+    def _execute(self, job: dict) -> dict:
+        return self.pool.execute(job, self.timeout_s)
+
+    def _run_check(self, suite: TestSuite, files: dict) -> ExecResult:
+        if not suite.files:
+            raise ValueError("check suite without a test file")
+        total = 0
+        for path, source in suite.files.items():
+            try:
+                total += max(1, len(_worker.instrument_check(source, path)[1]))
+            except SyntaxError as exc:
+                raise ValueError(f"test file {path}: cannot parse: {exc}") from exc
+        report = self._execute({"kind": "check", "files": files, "tests": [[p, s] for p, s in suite.files.items()],
+                                "module": _module_of(suite, files), "entry_point": suite.entry_point or "candidate"})
+        return self._interpret_check(report, total)
+
+    def _interpret_check(self, report: dict, total: int) -> ExecResult:
+        if "infra_error" in report:
+            return self._infra(report["infra_error"], total)
+        done = next((r for r in report["records"] if isinstance(r, dict) and r.get("done")), None)
+        code_exit = report["exits"].get("code", {})
+        base = self._base(report, total)
+        if report["output_exceeded"]:
+            return ExecResult(status="crashed", passed=0, detail="output limit exceeded", **base)
+        if report["timed_out"] or _cpu_killed(report):
+            return ExecResult(status="timeout", passed=0, detail="deadline or CPU limit exceeded", **base)
+        if done is None:
+            return ExecResult(status="crashed", passed=0, detail="the test harness did not complete", **base)
+        cases = tuple(CaseResult(f"{c['path']}:{c['line']}: {c['source']}", bool(c["passed"]), str(c["detail"]))
+                      for c in done["cases"])
+        passed = sum(c.passed for c in cases)
+        if done.get("import_error"):
+            return ExecResult(status="crashed", passed=0, cases=cases,
+                              detail=f"import failed: {done['import_error']}", **base)
+        if passed == len(cases):
+            status = "passed"
+        elif code_exit.get("signal") is not None or code_exit.get("code") not in (0, None):
+            status = "crashed"
+        else:
+            status = "failed"
+        return ExecResult(status=status, passed=passed, cases=cases, **base)
+
+    def _run_io_raw(self, suite: TestSuite, files: dict) -> tuple[dict, list | None]:
+        """Run the io harness; returns (report, outputs) where outputs is None if the harness did not finish."""
+        job = {"kind": "io", "files": files, "module": _module_of(suite, files),
+               "entry_point": suite.entry_point, "inputs": [_worker.encode(list(a)) for a in suite.inputs]}
+        report = self._execute(job)
+        if "infra_error" in report:
+            return report, None
+        recs = [r for r in report["records"] if isinstance(r, dict)]
+        if not any(r.get("done") for r in recs) or report["timed_out"] or report["output_exceeded"]:
+            return report, None
+        outputs: list = [None] * len(suite.inputs)
+        for r in recs:
+            i = r.get("case")
+            if isinstance(i, int) and 0 <= i < len(outputs):
+                outputs[i] = r
+        return report, outputs
+
+    def _expected_outputs(self, suite: TestSuite, reference: dict, key: str) -> list | ExecResult:
+        key = f"{key}|{_hash([reference, list(suite.inputs), suite.entry_point, suite.module])}"
+        with self._lock:
+            if key in self._expected:
+                return self._expected[key]
+        report, outputs = self._run_io_raw(suite, reference)
+        if outputs is None:
+            why = report.get("infra_error") or "the reference solution did not complete its io harness"
+            return self._infra(f"cannot compute expected outputs: {why}", len(suite.inputs))
+        expected = [_decode_output(o) for o in outputs]
+        with self._lock:
+            self._expected[key] = expected
+        return expected
+
+    def _run_io(self, suite: TestSuite, files: dict, expected: list) -> ExecResult:
+        total = len(suite.inputs)
+        report, outputs = self._run_io_raw(suite, files)
+        if "infra_error" in report:
+            return self._infra(report["infra_error"], total)
+        base = self._base(report, total)
+        if report["timed_out"] or _cpu_killed(report):
+            return ExecResult(status="timeout", passed=0, detail="deadline or CPU limit exceeded", **base)
+        if outputs is None:
+            recs = [r for r in report["records"] if isinstance(r, dict) and "import_error" in r]
+            why = f"import failed: {recs[0]['import_error']}" if recs else "the io harness did not complete"
+            if report["output_exceeded"]:
+                why = "output limit exceeded"
+            return ExecResult(status="crashed", passed=0, detail=why, **base)
+        cases = []
+        for i, (exp, out) in enumerate(zip(expected, outputs, strict=True)):
+            got = _decode_output(out) if out is not None else ("missing", None)
+            ok = exp[0] == got[0] and (outputs_equal(exp[1], got[1], suite.atol) if exp[0] == "ok"
+                                       else exp[1] == got[1])
+            cases.append(CaseResult(f"input {i}", ok, "" if ok else _io_detail(suite.inputs[i], exp, got)))
+        passed = sum(c.passed for c in cases)
+        return ExecResult(status="passed" if passed == total else "failed", passed=passed, cases=tuple(cases),
+                          **base)
+
+    def _run_pytest(self, suite: TestSuite, files: dict) -> ExecResult:
+        report = self._execute({"kind": "pytest", "files": files, "test_files": dict(suite.files),
+                                "test_paths": list(suite.files)})
+        total = suite.n_cases
+        if "infra_error" in report:
+            return self._infra(report["infra_error"], total)
+        base = self._base(report, total)
+        if report["timed_out"] or _cpu_killed(report):
+            return ExecResult(status="timeout", passed=0, detail="deadline or CPU limit exceeded", **base)
+        nonce = report.get("nonce")
+        done = [r for r in report["records"]
+                if isinstance(r, dict) and r.get("done") and r.get("nonce") == nonce and nonce]
+        if len(done) != 1 or report["output_exceeded"]:
+            why = "output limit exceeded" if report["output_exceeded"] else "the pytest harness did not complete"
+            return ExecResult(status="crashed", passed=0, detail=why, **base)
+        outcomes = {k: v for k, v in (done[0].get("outcomes") or {}).items() if v != "skipped"}  # skips: no case
+        cases = tuple(CaseResult(str(k), v == "passed", "" if v == "passed" else str(v))
+                      for k, v in sorted(outcomes.items()))
+        n = max(len(cases), 1)
+        passed = sum(c.passed for c in cases)
+        base["total"] = n
+        status = "passed" if cases and passed == n and done[0].get("code") == 0 else "failed"
+        return ExecResult(status=status, passed=passed if cases else 0, cases=cases, **base)
+
+    # -- helpers
+    def _base(self, report: dict, total: int) -> dict:
+        return {"total": total, "duration_s": float(report.get("duration_s", 0.0)),
+                "isolation": self.pool.isolation, "stdout": report.get("stdout", ""),
+                "stderr": report.get("stderr", "")}
+
+    def _infra(self, message: str, total: int) -> ExecResult:
+        return ExecResult(status="infra_error", passed=0, total=total, duration_s=0.0,
+                          isolation=self.pool.isolation, detail=str(message)[:2000])
+
+
+def _cpu_killed(report: dict) -> bool:
+    return any(e.get("signal") == signal.SIGXCPU for e in report["exits"].values())
+
+
+def _decode_output(rec: dict) -> tuple[str, object]:
+    try:
+        if "ok" in rec:
+            return "ok", _worker.decode(rec["ok"])
+        return "exc", str(rec.get("exc"))
+    except (ValueError, TypeError, KeyError):
+        return "malformed", None
+
+
+def _io_detail(args, exp, got) -> str:
+    shown = repr(tuple(args))[:120]
+    if got[0] == "exc":
+        return f"f{shown} raised {got[1]}"
+    if exp[0] == "exc":
+        return f"f{shown} should raise {exp[1]}"
+    return f"f{shown} returned {repr(got[1])[:120]}"  # the expected value is not revealed (hidden tests)

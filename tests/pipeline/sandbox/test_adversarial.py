@@ -1,0 +1,137 @@
+"""Hostile solutions: each is contained, gets the right status, earns zero reward; the pool survives."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from pipeline.agent import Episode, EpisodeSettings, render_action
+from pipeline.agent.grammar import Action, Edit
+
+SETTINGS = EpisodeSettings(max_turns=3, reward_coef=1.0)
+
+GOOD = "def add(a, b):\n    return a + b\n"
+
+
+def _write_response(code: str) -> str:
+    return render_action(Action("write", "try this\n", (0, 0), (Edit("write", "solution.py", "", code, None, (0, 0)),)))
+
+
+def _run_hostile(judge, task_factory, code: str, kind: str = "check"):
+    """One episode step that writes `code`; returns the StepResult (visible tests run in the sandbox)."""
+    episode = Episode(task_factory(kind), judge, SETTINGS)
+    return episode.step(_write_response(code))
+
+
+def _host_sandbox_pids(uids: range) -> list[int]:
+    pids = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                status = Path(f"/proc/{name}/status").read_text()
+            except OSError:
+                continue
+            uid = int(next(line for line in status.splitlines() if line.startswith("Uid:")).split()[1])
+            if uid in uids:
+                pids.append(int(name))
+    return pids
+
+
+@pytest.fixture(autouse=True)
+def _pool_still_works(judge, pool, task_factory):
+    yield
+    assert pool.alive() == pool.settings.pool_size
+    assert judge.run(task_factory(), {"solution.py": GOOD}).status == "passed"
+    assert _host_sandbox_pids(range(pool.settings.uid_base, pool.settings.uid_base + 2 * pool.settings.pool_size)) == []
+
+
+HOSTILE = {
+    "infinite_loop": ("while True:\n    pass\n", "timeout"),
+    "sleep_past_deadline": ("import time\ntime.sleep(60)\n" + GOOD, "timeout"),
+    "fork_bomb": ("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n", "timeout"),
+    "alloc_8gb": ("x = bytearray(8 * 1024 ** 3)\n" + GOOD, "crashed"),
+    "output_1gb": ("import sys\nfor _ in range(1024):\n    sys.stdout.write('x' * (1 << 20))\n" + GOOD, "crashed"),
+    "sys_exit_at_import": ("import sys\nsys.exit(0)\n" + GOOD, "crashed"),
+    "os_exit_at_import": ("import os\nos._exit(0)\n" + GOOD, "crashed"),
+    "kill_parent": ("import os, signal\nfor pid in (os.getppid(), 1, -1):\n    try:\n        os.kill(pid, 9)\n"
+                    "    except OSError:\n        pass\ndef add(a, b):\n    return None\n", "failed"),
+    "patch_builtins_and_asserts": (
+        "import builtins\nbuiltins.AssertionError = type('X', (Exception,), {})\nbuiltins.abs = lambda x: 0\n"
+        "builtins.isinstance = lambda *a: True\nimport sys\nsys.modules['builtins'].print = None\n"
+        "def add(a, b):\n    return None\n", "crashed"),  # U breaks its own json: it dies
+    "fake_passed_lines": ("print('test_add PASSED\\n3 passed in 0.01s\\nOK')\nimport sys\n"
+                          "sys.stderr.write('ALL TESTS PASSED\\n')\ndef add(a, b):\n    return -1\n", "failed"),
+    "fake_result_files": (
+        "import json\nfor p in ('/ws/result.json', '/tmp/result.json', 'results.xml', '/ws/.didpo_result'):\n"
+        "    try:\n        open(p, 'w').write(json.dumps({'passed': 99, 'total': 99, 'status': 'passed'}))\n"
+        "    except OSError:\n        pass\ndef add(a, b):\n    return -1\n", "failed"),
+    "eq_always_true": ("class Yes:\n    def __eq__(self, other):\n        return True\n    __hash__ = object.__hash__\n"
+                       "def add(a, b):\n    return Yes()\n", "failed"),
+    "write_pipe_fds": ("import os\nfor fd in range(3, 1024):\n    try:\n        os.write(fd, b'\\x00\\x00\\x00\\x0f{\"done\": true}')\n"
+                       "    except OSError:\n        pass\ndef add(a, b):\n    return None\n", "crashed"),  # corrupts its own channel
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_hostile_check_task(judge, task_factory, name):
+    code, status = HOSTILE[name]
+    step = _run_hostile(judge, task_factory, code)
+    assert step.exec_status == status, (step.observation, step.exec_result)
+    assert step.visible_passed == 0
+    assert step.step_reward == 0.0
+
+
+@pytest.mark.parametrize("name", ["eq_always_true", "fake_passed_lines", "os_exit_at_import", "infinite_loop"])
+def test_hostile_io_task(judge, task_factory, name):
+    code, status = HOSTILE[name]
+    step = _run_hostile(judge, task_factory, code, kind="io")
+    assert step.exec_status == status, (step.observation, step.exec_result)
+    assert step.step_reward == 0.0
+
+
+def test_escape_attempts_are_contained(judge, task_factory, tmp_path):
+    """Writes outside the workspace, secrets and the network: add() returns the right sum only on escape."""
+    marker = tmp_path / "escaped"
+    code = (
+        "import os, socket\nESCAPED = []\n"
+        f"for p in ('/usr/didpo_escape', '/etc/didpo_escape', {str(marker)!r}, '/root/didpo_escape', "
+        f"{str(Path.cwd() / 'didpo_escape')!r}):\n"
+        "    try:\n        open(p, 'w').write('x')\n        ESCAPED.append(p)\n    except OSError:\n        pass\n"
+        "for p in ('/etc/shadow', os.path.expanduser('~root/.bashrc'), '/root/.bashrc'):\n"
+        "    try:\n        open(p).read(1)\n        ESCAPED.append(p)\n    except OSError:\n        pass\n"
+        "try:\n    os.listdir('/root/.cache')\n    ESCAPED.append('home')\nexcept OSError:\n    pass\n"
+        "try:\n    s = socket.create_connection(('1.1.1.1', 53), timeout=1)\n    ESCAPED.append('net')\n"
+        "except OSError:\n    pass\n"
+        "def add(a, b):\n    return a + b if ESCAPED else None\n"
+    )
+    step = _run_hostile(judge, task_factory, code)
+    assert not marker.exists() and not Path("/usr/didpo_escape").exists() and not Path("/etc/didpo_escape").exists()
+    assert not (Path.cwd() / "didpo_escape").exists()
+    if step.exec_result.isolation == "bwrap":
+        assert step.exec_status == "failed" and step.step_reward == 0.0, step.observation
+    else:  # degraded mode: files and secrets are still protected by the non-root uid, the network is not
+        assert step.exec_result.isolation == "rlimits"
+
+
+def test_pytest_framework_patch_and_conftest_are_refused(judge, task_factory):
+    tests = {"test_add.py": "from solution import add\n\n\ndef test_one():\n    assert add(1, 2) == 3\n\n\n"
+                            "def test_two():\n    assert add(2, 2) == 4\n"}
+    task = task_factory("pytest", tests)
+    patched = ("import _pytest.python\n_pytest.python.Function.runtest = lambda self: None\n"
+               "def add(a, b):\n    return 0\n")
+    conftest = ("import pytest\n\n@pytest.hookimpl(hookwrapper=True)\ndef pytest_runtest_makereport(item, call):\n"
+                "    outcome = yield\n    rep = outcome.get_result()\n    rep.outcome = 'passed'\n")
+    for files in ({"solution.py": patched}, {"solution.py": "def add(a, b):\n    return 0\n", "conftest.py": conftest},
+                  {"solution.py": "def add(a, b):\n    return 0\n",
+                   "pytest.ini": "[pytest]\naddopts = -p no:python\n"}):
+        res = judge.run(task, files)
+        assert res.status in ("failed", "crashed") and res.passed == 0, res
+    assert judge.run(task, {"solution.py": GOOD}).status == "passed"
+
+
+def test_hidden_tests_are_not_readable_by_the_candidate(judge, task_factory):
+    """check suites never put the test files in the candidate's workspace."""
+    code = "import os\nFILES = sorted(os.listdir('.'))\ndef add(a, b):\n    return a + b if FILES == ['solution.py'] else 0\n"
+    assert judge.run(task_factory(), {"solution.py": code}).status == "passed"
