@@ -1,0 +1,26 @@
+"""OpenRLHF's model classes import on a CPU machine through the one documented shim."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+from training.cpu_shims import import_openrlhf_models, install_cpu_shims
+
+
+def test_openrlhf_models_import_on_cpu():
+    torch.set_num_threads(1)
+    models = import_openrlhf_models()
+    assert models.Actor.__name__ == "Actor"
+    assert models.PolicyLoss.__name__ == "PolicyLoss"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the shim only applies without CUDA")
+def test_shim_is_empty_and_idempotent():
+    install_cpu_shims()
+    shim = sys.modules["flash_attn_2_cuda"]
+    assert install_cpu_shims() is False  # second call changes nothing
+    with pytest.raises(AttributeError):
+        shim.fwd  # a real CUDA kernel call fails loudly instead of computing something else

@@ -1,0 +1,254 @@
+"""The offline policy update on the tiny Qwen2 policy: direction of learning, estimator equivalence at
+lambda = 0, bitwise resume after a kill, schema refusal, and no loss on padding."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+torch.set_num_threads(1)
+
+from pipeline.policy.loading import load_policy  # noqa: E402
+from pipeline.policy.tiny import build_checkpoint  # noqa: E402
+from pipeline.schema import SchemaError, content_id, table_dir, write_table  # noqa: E402
+from training.data import BatchPlan, Cursor, load_round  # noqa: E402
+from training.settings import TrainSettings  # noqa: E402
+from training.trainer import (  # noqa: E402
+    batch_loss,
+    make_actor,
+    make_policy_loss,
+    response_logprobs,
+    train_round,
+)
+
+CORPUS = ["def add(a, b):\n    return a + b\n" * 20, "for i in range(10):\n    print(i)\n" * 20]
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory) -> Path:
+    return build_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny", size="tiny", corpus=CORPUS, seed=0).path
+
+
+def vocab_size(ckpt: Path) -> int:
+    import json
+
+    return json.loads((ckpt / "config.json").read_text())["vocab_size"]
+
+
+def write_round(
+    root: Path,
+    vocab: int,
+    *,
+    n_rows: int = 6,
+    seed: int = 0,
+    lam: float = 0.0,
+    estimator: str = "grpo",
+    diff_adv: float = 0.0,
+) -> Path:
+    """Steps + advantages with random token ids; token_adv = (A^E + lam * A^D) * mask, A^E per trajectory."""
+    rng = np.random.default_rng(seed)
+    steps, advs = [], []
+    for i in range(n_rows):
+        traj, task = content_id("traj", i // 2), f"t/{i // 4}"
+        p, r = int(rng.integers(4, 10)), int(rng.integers(4, 10))
+        row_id = content_id(traj, i)
+        a_e = float(rng.choice([-1.0, 1.0]) * rng.uniform(0.5, 1.5))
+        a_d = np.where(np.arange(r) % 2 == 0, diff_adv, 0.0)
+        token_adv = (np.float32(a_e) + np.float32(lam) * a_d.astype(np.float32)).astype(np.float32)
+        steps.append(
+            dict(
+                row_id=row_id,
+                traj_id=traj,
+                task_id=task,
+                round=0,
+                turn=i % 2,
+                prompt_token_ids=rng.integers(3, vocab, p).tolist(),
+                response_token_ids=rng.integers(3, vocab, r).tolist(),
+                response_text="x" * r,
+                token_char_starts=list(range(r)),
+                token_char_ends=list(range(1, r + 1)),
+                behavior_logprobs=[-5.0] * r,
+                action_kind="edit",
+                action_status="ok",
+                action_json="{}",
+                files_before=[],
+                files_after=[],
+                workspace_hash_before="a",
+                workspace_hash_after="b",
+                exec_status="passed",
+                visible_passed=1,
+                visible_total=1,
+                step_reward=0.0,
+                return_to_go=float(i),
+                done=False,
+            )
+        )
+        advs.append(
+            dict(
+                row_id=row_id,
+                traj_id=traj,
+                task_id=task,
+                estimator=estimator,
+                lam=lam,
+                episode_advantage=a_e,
+                token_advantages=token_adv.tolist(),
+                loss_mask=[1] * r,
+                n_diff_tokens=int((a_d != 0).sum()),
+            )
+        )
+    write_table(steps, table_dir(root, "steps"), "steps")
+    write_table(advs, table_dir(root, "advantages"), "advantages")
+    return root
+
+
+def weights(path: Path) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in load_policy(path).state_dict().items()}
+
+
+def assert_same_weights(a: Path, b: Path) -> None:
+    wa, wb = weights(a), weights(b)
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        assert torch.equal(wa[k], wb[k]), k
+
+
+FAST = dict(lr=3e-3, max_tokens_per_batch=64, grad_clip=1.0, seed=0)
+
+
+@pytest.fixture(scope="module")
+def one_step(ckpt, tmp_path_factory):
+    """One optimizer step over every row (a single micro-batch), and the round it trained on."""
+    root = write_round(tmp_path_factory.mktemp("round"), vocab_size(ckpt), n_rows=6)
+    settings = TrainSettings(**dict(FAST, max_tokens_per_batch=4096))
+    out = tmp_path_factory.mktemp("out") / "r1"
+    report = train_round(root, ckpt, out, settings)
+    return root, out, settings, report
+
+
+def test_one_update_lowers_the_loss_on_its_batch(ckpt, one_step):
+    root, out, settings, report = one_step
+    assert report.completed and report.total_steps == 1 and report.counts["kept"] == 6
+    plan = BatchPlan(load_round(root), 4096, settings.seed, 1, pad_id=0)
+    before = make_actor(load_policy(ckpt))
+    old = response_logprobs(before, plan, torch.device("cpu"))
+    batch = plan.batch(Cursor(0, 0))
+    old_grid = batch.scatter([old[i] for i in batch.row_index])
+    loss_fn = make_policy_loss(settings)
+    with torch.no_grad():
+        loss_before, _ = batch_loss(before, batch, old_grid, None, loss_fn, settings)
+        loss_after, _ = batch_loss(make_actor(load_policy(out)), batch, old_grid, None, loss_fn, settings)
+    assert float(loss_after) < float(loss_before)
+    assert report.steps[0].tokens == batch.n_tokens and report.steps[0].grad_norm > 0
+
+
+def test_positive_advantage_tokens_gain_probability_negative_lose(ckpt, one_step):
+    root, out, settings, _ = one_step
+    plan = BatchPlan(load_round(root), 4096, settings.seed, 1, pad_id=0)
+    before = response_logprobs(make_actor(load_policy(ckpt)), plan, torch.device("cpu"))
+    after = response_logprobs(make_actor(load_policy(out)), plan, torch.device("cpu"))
+    gain = {+1: [], -1: []}
+    for i, row in enumerate(plan.rows):
+        gain[int(np.sign(row.advantages[0]))].append(float((after[i] - before[i]).mean()))
+    assert gain[+1] and gain[-1]
+    assert min(gain[+1]) > 0 > max(gain[-1])
+
+
+def test_lambda_zero_trains_exactly_like_the_episode_estimator(ckpt, tmp_path):
+    vocab = vocab_size(ckpt)
+    episode = write_round(tmp_path / "grpo", vocab, estimator="grpo", lam=0.0)
+    didpo = write_round(tmp_path / "didpo", vocab, estimator="didpo", lam=0.0, diff_adv=0.7)
+    settings = TrainSettings(**FAST, epochs=2)
+    a = train_round(episode, ckpt, tmp_path / "out_grpo", settings)
+    b = train_round(didpo, ckpt, tmp_path / "out_didpo", settings)
+    assert a.total_steps == b.total_steps >= 2
+    assert_same_weights(tmp_path / "out_grpo", tmp_path / "out_didpo")
+
+
+def test_killed_update_resumes_to_the_same_weights(ckpt, tmp_path):
+    root = write_round(tmp_path / "round", vocab_size(ckpt), n_rows=8)
+    settings = TrainSettings(
+        **dict(FAST, max_tokens_per_batch=32),
+        epochs=2,
+        micro_batches_per_step=2,
+        warmup_steps=1,
+        schedule="cosine",
+        kl_coef=0.1,
+        entropy_coef=0.01,
+        save_every=1,
+    )
+    full = train_round(root, ckpt, tmp_path / "full", settings)
+    assert full.completed and full.total_steps >= 3
+    k = full.total_steps // 2
+    part = train_round(root, ckpt, tmp_path / "killed", settings, max_steps=k)  # the "kill" after step k
+    assert not part.completed and part.steps_done == k
+    assert not (tmp_path / "killed" / "config.json").exists()
+    rest = train_round(root, ckpt, tmp_path / "killed", settings)
+    assert rest.completed and rest.resumed_from_step == k
+    assert [s.step for s in rest.steps] == list(range(k + 1, full.total_steps + 1))
+    assert [s.loss for s in rest.steps] == [s.loss for s in full.steps[k:]]
+    assert_same_weights(tmp_path / "full", tmp_path / "killed")
+    # A finished round is not trained again: the stored report comes back.
+    again = train_round(root, ckpt, tmp_path / "killed", settings)
+    assert again.steps_done == full.total_steps and again.resumed_from_step == k
+
+
+def test_wrong_schema_table_is_refused(ckpt, tmp_path):
+    import pyarrow.parquet as pq
+
+    root = write_round(tmp_path / "round", vocab_size(ckpt))
+    part = table_dir(root, "steps") / "part-00000.parquet"
+    table = pq.read_table(part)
+    pq.write_table(
+        table.drop_columns(["response_token_ids"]).replace_schema_metadata(table.schema.metadata), part
+    )
+    with pytest.raises(SchemaError, match=r"part-00000\.parquet.*response_token_ids"):
+        train_round(root, ckpt, tmp_path / "out", TrainSettings(**FAST))
+    assert not (tmp_path / "out").exists()
+
+
+def test_padding_and_prompt_positions_never_receive_loss(ckpt, tmp_path):
+    root = write_round(tmp_path / "round", vocab_size(ckpt), n_rows=6)
+    settings = TrainSettings(**dict(FAST, max_tokens_per_batch=4096), kl_coef=0.1, entropy_coef=0.01)
+    plan = BatchPlan(load_round(root), 4096, 0, 1, pad_id=0)
+    actor = make_actor(load_policy(ckpt))
+    old = response_logprobs(actor, plan, torch.device("cpu"))
+    loss_fn = make_policy_loss(settings)
+
+    def grads(perturb: bool) -> list[torch.Tensor]:
+        batch = plan.batch(Cursor(0, 0))
+        assert (batch.attention_mask == 0).any()  # rows of different lengths: there is padding
+        old_grid = batch.scatter([old[i] for i in batch.row_index])
+        if perturb:
+            off = batch.loss_mask == 0
+            batch.advantages[off] = torch.randn(int(off.sum())) * 100.0
+        actor.zero_grad()
+        loss, _ = batch_loss(actor, batch, old_grid, old_grid, loss_fn, settings)
+        loss.backward()
+        return [p.grad.clone() for p in actor.parameters()]
+
+    for a, b in zip(grads(False), grads(True), strict=True):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        (dict(dual_clip=0.9), "dual_clip must be > 1"),
+        (dict(eps_low=1.5), "must be below 1"),
+        (dict(zero_stage=3), "zero_stage must be 0, 1 or 2"),
+        (dict(policy_loss="gspo"), "set loss_aggregation to 'seq_mean'"),
+        (dict(learning_rate=0.1), "Extra inputs are not permitted"),
+    ],
+)
+def test_settings_refuse_impossible_values_with_a_message(bad, message):
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match=message):
+        TrainSettings(**bad)
+    ok = TrainSettings(eps_low=0.2, eps_high=0.28, policy_loss="gspo", loss_aggregation="seq_mean")
+    assert (ok.clip_low, ok.clip_high) == (0.2, 0.28)

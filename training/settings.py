@@ -1,0 +1,115 @@
+"""Config section `train`: the offline policy update of one round (training/trainer.py).
+
+Loss options map one to one onto OpenRLHF's `PolicyLoss` (PPO clip with eps_low/eps_high, dual clip,
+token- or sequence-mean aggregation, GSPO's sequence-level ratio); the rest are the update loop's knobs.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+Schedule = Literal["cosine", "constant"]
+Aggregation = Literal["token_mean", "seq_mean"]
+PolicyLossType = Literal["ppo", "gspo"]
+
+
+class TrainSettings(BaseModel):
+    """Frozen, validated settings of `training.trainer.train_round`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    lr: float = Field(1e-6, gt=0.0, description="peak learning rate (AdamW)")
+    weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay")
+    warmup_steps: int = Field(0, ge=0, description="linear warmup from 0 to lr, in optimizer steps")
+    schedule: Schedule = Field(
+        "constant", description="after warmup: 'cosine' decay to min_lr_ratio*lr, or 'constant'"
+    )
+    min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0, description="cosine floor as a fraction of lr")
+    epochs: int = Field(1, ge=1, description="PPO epochs: passes over the round's table")
+    max_tokens_per_batch: int = Field(
+        8192, gt=0, description="token budget of one micro-batch, counting padding (rows x longest row)"
+    )
+    micro_batches_per_step: int = Field(
+        1, ge=1, description="micro-batches accumulated into one optimizer step"
+    )
+    eps_clip: float = Field(
+        0.2, gt=0.0, lt=1.0, description="PPO clip range, used when eps_low/eps_high are unset"
+    )
+    eps_low: float | None = Field(None, description="lower clip range (DAPO clip-higher); None = eps_clip")
+    eps_high: float | None = Field(None, description="upper clip range (DAPO clip-higher); None = eps_clip")
+    dual_clip: float | None = Field(
+        None, description="dual-clip bound c > 1 for negative advantages; None = off"
+    )
+    loss_aggregation: Aggregation = Field(
+        "token_mean", description="'token_mean' or 'seq_mean' (per-row mean)"
+    )
+    policy_loss: PolicyLossType = Field("ppo", description="'ppo' (token ratio) or 'gspo' (sequence ratio)")
+    kl_coef: float = Field(0.0, ge=0.0, description="weight of the k3 KL to the frozen reference policy")
+    entropy_coef: float = Field(0.0, ge=0.0, description="weight of the entropy bonus")
+    grad_clip: float = Field(1.0, ge=0.0, description="global gradient-norm clip; 0 = off")
+    recompute_old_logprobs: bool = Field(
+        True,
+        description="recompute old log-probs with the starting policy (else the table's behavior log-probs)",
+    )
+    dynamic_filtering: bool = Field(
+        False, description="drop task groups whose trajectory rewards are all equal"
+    )
+    zero_stage: int = Field(2, description="DeepSpeed ZeRO stage on GPU (0, 1, 2); CPU always runs stage 0")
+    save_every: int = Field(
+        0, ge=0, description="save a resumable train state every N optimizer steps; 0 = end only"
+    )
+    seed: int = Field(0, ge=0, description="seed of batch order, dropout and every other random choice")
+    deterministic: bool = Field(
+        True, description="torch.use_deterministic_algorithms (bitwise resume on CPU)"
+    )
+    bf16_on_gpu: bool = Field(
+        True, description="bf16 mixed precision on GPU (fp32 master weights); CPU is fp32"
+    )
+
+    @field_validator("eps_low", "eps_high")
+    @classmethod
+    def _clip_range(cls, value: float | None) -> float | None:
+        if value is not None and not 0.0 < value < 10.0:
+            raise ValueError(f"must be in (0, 10) or null, got {value}")
+        return value
+
+    @field_validator("eps_low")
+    @classmethod
+    def _low_below_one(cls, value: float | None) -> float | None:
+        if value is not None and value >= 1.0:
+            raise ValueError(f"must be below 1 (the ratio's lower bound is 1 - eps_low), got {value}")
+        return value
+
+    @field_validator("dual_clip")
+    @classmethod
+    def _dual_clip_above_one(cls, value: float | None) -> float | None:
+        if value is not None and value <= 1.0:
+            raise ValueError(f"dual_clip must be > 1 (a bound c * A below the PPO clip) or null, got {value}")
+        return value
+
+    @field_validator("zero_stage")
+    @classmethod
+    def _zero_stage(cls, value: int) -> int:
+        if value not in (0, 1, 2):
+            raise ValueError(
+                f"zero_stage must be 0, 1 or 2 (stage 3 is not supported by this trainer), got {value}"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _gspo_aggregates_per_sequence(self) -> TrainSettings:
+        if self.policy_loss == "gspo" and self.loss_aggregation != "seq_mean":
+            raise ValueError(
+                "policy_loss 'gspo' uses a sequence-level ratio: set loss_aggregation to 'seq_mean'"
+            )
+        return self
+
+    @property
+    def clip_low(self) -> float:
+        return self.eps_clip if self.eps_low is None else self.eps_low
+
+    @property
+    def clip_high(self) -> float:
+        return self.eps_clip if self.eps_high is None else self.eps_high

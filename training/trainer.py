@@ -1,0 +1,511 @@
+"""Offline policy update of one round, on OpenRLHF's Actor and PolicyLoss and a DeepSpeed engine.
+
+1. Rows: join the round's `advantages` to its `steps`, drop rows without signal, bucket by length
+   (training/data.py). The micro-batch plan of every epoch is fixed by the seed.
+2. Old log-probs: recomputed once with the starting policy (or the table's behaviour log-probs);
+   reference log-probs for the k3 KL: once, with the frozen reference (default: the starting policy).
+3. Engine: the policy wrapped in `openrlhf.models.Actor`, AdamW with linear warmup then cosine/constant LR,
+   gradient clipping, `deepspeed.initialize` (ZeRO-0 with gloo on CPU, the configured stage on GPU).
+4. Step: for each of `micro_batches_per_step` micro-batches,
+       loss = PolicyLoss(logp, old_logp, A) + kl_coef * k3(logp, ref_logp) - entropy_coef * H(pi)
+   backward, then one optimizer step; metrics: loss, clip fraction, approx KL, entropy, grad norm, tokens/s.
+5. State (DeepSpeed checkpoint: weights, optimizer, LR schedule + cursor and RNG) every `save_every` steps and
+   at the end; a killed update resumes at the same batch. At the end: a plain HF checkpoint (save_pretrained
+   + the starting policy's tokenizer files) and `train_report.json`, written last (it marks completion).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import shutil
+import socket
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from training.data import Batch, BatchPlan, Cursor, RoundData, load_round
+from training.settings import TrainSettings
+
+REPORT_NAME = "train_report.json"
+STATE_DIR = "train_state"
+_TOKENIZER_PREFIXES = ("tokenizer", "vocab", "merges", "special_tokens", "added_tokens", "chat_template")
+
+
+# ---- pure math ---------------------------------------------------------------------------------------------
+
+
+def token_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of the next-token distribution, (..., V) logits -> (...) nats.
+
+    H = logsumexp(z) - sum softmax(z) * z. (OpenRLHF's `compute_entropy` is the same formula under
+    `torch.compile`, which costs about a minute of Inductor compilation per new shape on CPU.)
+    """
+    logits = logits.float()
+    return torch.logsumexp(logits, dim=-1) - (torch.softmax(logits, dim=-1) * logits).sum(dim=-1)
+
+
+def lr_factor(step: int, *, warmup: int, total: int, schedule: str, min_ratio: float) -> float:
+    """Multiplier of the peak LR at optimizer step `step` (0-based): linear warmup, then cosine or constant."""
+    if warmup > 0 and step < warmup:
+        return (step + 1) / warmup
+    if schedule == "constant":
+        return 1.0
+    span = max(1, total - warmup)
+    progress = min(1.0, (step - warmup) / span)
+    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+# ---- report ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class StepMetrics:
+    step: int  # optimizer step, 1-based, counted over the whole update
+    epoch: int  # PPO epoch of its micro-batches
+    loss: float  # total loss (mean over micro-batches)
+    policy_loss: float  # PolicyLoss term
+    clip_frac: float  # fraction of loss tokens whose ratio was clipped
+    approx_kl: float  # mean(old_logp - logp) over loss tokens (policy drift this update)
+    ref_kl: float  # k3 KL to the reference over loss tokens (0 when kl_coef = 0)
+    entropy: float  # mean next-token entropy over loss tokens, nats
+    grad_norm: float  # global gradient norm before clipping
+    lr: float  # learning rate used by this step
+    tokens: int  # real tokens (prompt + response) processed
+    tokens_per_s: float  # tokens / compute seconds of this step
+    data_s: float  # seconds spent building the batches
+    compute_s: float  # seconds of forward, backward and optimizer step
+
+
+@dataclass
+class TrainReport:
+    out_dir: str  # where the round's checkpoint is
+    completed: bool  # the whole plan was trained and the HF checkpoint written
+    total_steps: int  # optimizer steps of the full plan
+    steps_done: int  # optimizer steps trained so far (over all resumed runs)
+    resumed_from_step: int | None  # step this call resumed from, or None
+    counts: dict[str, int]  # training.data.DataCounts
+    steps: list[StepMetrics] = field(default_factory=list)  # this call's steps
+    # seconds: load_s (tables), prepare_s (old/ref log-probs), data_s, compute_s, save_s, total_s
+    wall: dict[str, float] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> TrainReport:
+        raw = json.loads(text)
+        raw["steps"] = [StepMetrics(**s) for s in raw["steps"]]
+        return cls(**raw)
+
+
+# ---- environment -------------------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ensure_distributed() -> torch.device:
+    """Initialise a world-size-1 process group when none exists (gloo on CPU, nccl on GPU); the device to use.
+
+    Under a launcher (torchrun, deepspeed, Ray) the environment already names rank and world: we reuse it.
+    """
+    import torch.distributed as dist
+
+    cuda = torch.cuda.is_available()
+    if not cuda:
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")  # before deepspeed picks its accelerator
+    if not dist.is_initialized():
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        os.environ.setdefault("RANK", "0")
+        os.environ.setdefault("LOCAL_RANK", "0")
+        os.environ.setdefault("WORLD_SIZE", "1")
+        dist.init_process_group(
+            "nccl" if cuda else "gloo", rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"])
+        )
+    if cuda:
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+        return device
+    return torch.device("cpu")
+
+
+def deepspeed_config(settings: TrainSettings, *, cuda: bool) -> dict[str, Any]:
+    """DeepSpeed config: ZeRO-0 on CPU, the configured stage (bf16 mixed precision) on GPU.
+
+    Gradient accumulation is driven by the trainer (explicit boundaries), so DeepSpeed sees one micro-batch
+    per step and never rescales the loss.
+    """
+    cfg: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,
+        "gradient_clipping": settings.grad_clip,
+        "zero_optimization": {"stage": settings.zero_stage if cuda else 0},
+        "steps_per_print": 1 << 30,
+        "wall_clock_breakdown": False,
+    }
+    if cuda and settings.bf16_on_gpu:
+        cfg["bf16"] = {"enabled": True}
+    return cfg
+
+
+@contextlib.contextmanager
+def _determinism(enabled: bool, seed: int):
+    """Seed torch and (optionally) force deterministic kernels for the duration; restores the global flag."""
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.manual_seed(seed)
+    if enabled:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # required by deterministic cuBLAS
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(previous)
+
+
+# ---- model pieces ------------------------------------------------------------------------------------------
+
+
+def make_actor(model: torch.nn.Module) -> torch.nn.Module:
+    """Wrap a loaded causal LM in OpenRLHF's Actor.
+
+    Actor's constructor sets `packing_samples` only when it loads from a path (and then only in bf16/fp16),
+    so for a model instance we set the attributes its forward reads.
+    """
+    from training.cpu_shims import import_openrlhf_models
+
+    actor = import_openrlhf_models().Actor(model)
+    actor.packing_samples = False
+    actor.is_vlm = False
+    model.config.use_cache = False
+    return actor
+
+
+def make_policy_loss(settings: TrainSettings) -> torch.nn.Module:
+    from training.cpu_shims import import_openrlhf_models
+
+    return import_openrlhf_models().PolicyLoss(
+        clip_eps_low=settings.clip_low,
+        clip_eps_high=settings.clip_high,
+        dual_clip=settings.dual_clip,
+        token_level_loss=settings.loss_aggregation == "token_mean",
+        policy_loss_type=settings.policy_loss,
+    )
+
+
+def batch_loss(
+    actor: torch.nn.Module,
+    batch: Batch,
+    old_logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor | None,
+    policy_loss: torch.nn.Module,
+    settings: TrainSettings,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Loss of one micro-batch (already on the model's device) and its metrics.
+
+    All per-token tensors are (B, T-1) on the next-token grid; only `batch.loss_mask` positions contribute.
+    """
+    from openrlhf.models.loss import aggregate_loss
+    from openrlhf.models.utils import compute_approx_kl
+
+    mask = batch.loss_mask
+    token_level = settings.loss_aggregation == "token_mean"
+    # Actor returns log-probs of the last action_mask.shape[1] columns: we pass the full grid.
+    logp, output = actor(
+        batch.input_ids, action_mask=mask, attention_mask=batch.attention_mask, return_output=True
+    )
+    advantages = batch.advantages * mask  # padding and prompt columns carry no advantage, whatever they hold
+    pg_loss, clip_frac, approx_kl, _, _ = policy_loss(logp, old_logprobs, advantages, action_mask=mask)
+    loss = pg_loss
+    ref_kl = torch.zeros(())
+    if ref_logprobs is not None and settings.kl_coef > 0:
+        kl = compute_approx_kl(logp, ref_logprobs, kl_estimator="k3")
+        ref_kl = aggregate_loss(kl, mask, token_level_loss=token_level)
+        loss = loss + settings.kl_coef * ref_kl
+    with torch.set_grad_enabled(settings.entropy_coef > 0 and torch.is_grad_enabled()):
+        # Only loss positions: a (B, T, V) softmax over prompt and padding would cost as much as a layer.
+        token_logits = output["logits"][:, :-1][mask > 0]
+        entropy = token_entropy(token_logits).mean() if len(token_logits) else torch.zeros(())
+    if settings.entropy_coef > 0:
+        loss = loss - settings.entropy_coef * entropy
+    metrics = {
+        "loss": float(loss.detach()),
+        "policy_loss": float(pg_loss.detach()),
+        "clip_frac": float(clip_frac),
+        "approx_kl": float(approx_kl),
+        "ref_kl": float(ref_kl.detach()),
+        "entropy": float(entropy.detach()),
+    }
+    return loss, metrics
+
+
+@torch.no_grad()
+def response_logprobs(
+    actor: torch.nn.Module, plan: BatchPlan, device: torch.device
+) -> dict[int, torch.Tensor]:
+    """Log-probs of every row's response tokens under `actor` (eval mode): row index -> float32 (R,) on CPU.
+
+    Uses the same micro-batches as training, so a first step on unchanged weights sees a ratio of exactly 1.
+    """
+    was_training = actor.training
+    actor.eval()
+    out: dict[int, torch.Tensor] = {}
+    for k in range(plan.batches_per_epoch):
+        batch = plan.batch(Cursor(0, k)).to(device)
+        logp = actor(batch.input_ids, action_mask=batch.action_mask, attention_mask=batch.attention_mask)
+        for i, values in zip(batch.row_index, batch.gather(logp.float().cpu()), strict=True):
+            out[i] = values
+    actor.train(was_training)
+    return out
+
+
+def _grid(batch: Batch, per_row: dict[int, torch.Tensor]) -> torch.Tensor:
+    return batch.scatter([per_row[i] for i in batch.row_index])
+
+
+# ---- state -------------------------------------------------------------------------------------------------
+
+
+def _latest_tag(state_dir: Path) -> str | None:
+    latest = state_dir / "latest"
+    return latest.read_text().strip() if latest.is_file() else None
+
+
+def _save_state(engine: Any, state_dir: Path, step: int, cursor: Cursor, plan_id: str) -> None:
+    tag = f"step{step:06d}"
+    client = {
+        "didpo_step": step,
+        "didpo_cursor": [cursor.epoch, cursor.batch],
+        "didpo_plan": plan_id,
+        "didpo_rng": torch.get_rng_state(),
+    }
+    engine.save_checkpoint(str(state_dir), tag=tag, client_state=client)  # writes `latest` after the tag
+    for old in state_dir.glob("step*"):
+        if old.name != tag:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def _copy_tokenizer(src: Path, dst: Path) -> None:
+    for f in src.iterdir():
+        if f.is_file() and f.name.startswith(_TOKENIZER_PREFIXES):
+            shutil.copy2(f, dst / f.name)
+
+
+def _plan_id(data: RoundData, settings: TrainSettings) -> str:
+    from pipeline.schema import content_id
+
+    return content_id([r.row_id for r in data.rows], settings.model_dump(mode="json"))
+
+
+# ---- entry -------------------------------------------------------------------------------------------------
+
+
+def train_round(
+    round_dir: str | os.PathLike[str],
+    init_checkpoint: str | os.PathLike[str],
+    out_dir: str | os.PathLike[str],
+    settings: TrainSettings,
+    *,
+    reference_checkpoint: str | os.PathLike[str] | None = None,
+    resume: bool = True,
+    max_steps: int | None = None,
+) -> TrainReport:
+    """Train one round's policy update from `init_checkpoint` on `round_dir`'s tables into `out_dir`.
+
+    resume=True continues from `out_dir/train_state` when present (and returns the stored report when the
+    round is already complete); resume=False refuses a non-empty out_dir. max_steps caps the optimizer steps
+    of this call: the state is saved and the report says completed=False until the plan is done.
+    """
+    import deepspeed
+
+    from pipeline.policy.loading import check_checkpoint, load_policy, load_tokenizer
+
+    t_start = time.perf_counter()
+    out = Path(out_dir)
+    init = check_checkpoint(init_checkpoint)
+    state_dir = out / STATE_DIR
+    if (out / REPORT_NAME).is_file():
+        if not resume:
+            raise FileExistsError(
+                f"{out} already holds a trained round ({REPORT_NAME}); pass resume=True to reuse it"
+            )
+        return TrainReport.from_json((out / REPORT_NAME).read_text())
+    if out.is_dir() and any(out.iterdir()) and not (resume and _latest_tag(state_dir)):
+        raise FileExistsError(
+            f"{out} is not empty and holds no resumable train state; choose another out_dir"
+        )
+    if max_steps is not None and max_steps < 0:
+        raise ValueError(f"max_steps must be >= 0 or None, got {max_steps}")
+
+    device = ensure_distributed()
+    cuda = device.type == "cuda"
+    wall = {"load_s": 0.0, "prepare_s": 0.0, "data_s": 0.0, "compute_s": 0.0, "save_s": 0.0}
+
+    tokenizer = load_tokenizer(init)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    t0 = time.perf_counter()
+    data = load_round(round_dir, dynamic_filtering=settings.dynamic_filtering)
+    plan = BatchPlan(data, settings.max_tokens_per_batch, settings.seed, settings.epochs, pad_id)
+    gas = settings.micro_batches_per_step
+    steps_per_epoch = math.ceil(plan.batches_per_epoch / gas)
+    total_steps = steps_per_epoch * settings.epochs
+    plan_id = _plan_id(data, settings)
+    wall["load_s"] = time.perf_counter() - t0
+
+    with _determinism(settings.deterministic, settings.seed):
+        model = load_policy(init, dtype="float32", device=str(device))
+        actor = make_actor(model)
+        optimizer = torch.optim.AdamW(actor.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer,
+            lambda s: lr_factor(
+                s,
+                warmup=settings.warmup_steps,
+                total=total_steps,
+                schedule=settings.schedule,
+                min_ratio=settings.min_lr_ratio,
+            ),
+        )
+        engine, _, _, _ = deepspeed.initialize(
+            model=actor,
+            optimizer=optimizer,
+            lr_scheduler=scheduler,
+            config=deepspeed_config(settings, cuda=cuda),
+        )
+        policy_loss = make_policy_loss(settings)
+
+        # Old and reference log-probs come from the starting weights (before any resumed state is loaded),
+        # through the engine's module so they share its dtype with the training forward.
+        t0 = time.perf_counter()
+        start_logprobs = None
+        if settings.recompute_old_logprobs or (settings.kl_coef > 0 and reference_checkpoint is None):
+            start_logprobs = response_logprobs(engine.module, plan, device)
+        if settings.recompute_old_logprobs:
+            old = start_logprobs
+        else:
+            old = {i: torch.from_numpy(r.behavior_logprobs) for i, r in enumerate(data.rows)}
+        ref = None
+        if settings.kl_coef > 0:
+            if reference_checkpoint is None:
+                ref = start_logprobs
+            else:
+                ref_model = load_policy(check_checkpoint(reference_checkpoint), device=str(device))
+                if cuda and settings.bf16_on_gpu:
+                    ref_model = ref_model.to(torch.bfloat16)
+                ref = response_logprobs(make_actor(ref_model), plan, device)
+                del ref_model
+        wall["prepare_s"] = time.perf_counter() - t0
+
+        step, resumed_from = 0, None
+        tag = _latest_tag(state_dir) if resume else None
+        if tag is not None:
+            _, client = engine.load_checkpoint(str(state_dir), tag=tag)
+            if client.get("didpo_plan") != plan_id:
+                raise ValueError(
+                    f"{state_dir}/{tag}: train state belongs to other data or settings; use a fresh out_dir"
+                )
+            step = resumed_from = int(client["didpo_step"])
+            torch.set_rng_state(client["didpo_rng"])
+
+        engine.train()
+        metrics: list[StepMetrics] = []
+        last_saved = step
+        while step < total_steps and (max_steps is None or len(metrics) < max_steps):
+            epoch, k = divmod(step, steps_per_epoch)
+            lo, hi = k * gas, min((k + 1) * gas, plan.batches_per_epoch)
+            lr = scheduler.get_last_lr()[0]
+            t_data = t_compute = 0.0
+            tokens = 0
+            parts: list[dict[str, float]] = []
+            grad_norm = float("nan")
+            for j in range(lo, hi):
+                t0 = time.perf_counter()
+                batch = plan.batch(Cursor(epoch, j))
+                old_grid = _grid(batch, old).to(device)
+                ref_grid = _grid(batch, ref).to(device) if ref is not None else None
+                batch.to(device)
+                t1 = time.perf_counter()
+                engine.set_gradient_accumulation_boundary(j == hi - 1)
+                loss, m = batch_loss(engine, batch, old_grid, ref_grid, policy_loss, settings)
+                engine.backward(loss / (hi - lo))
+                if j == hi - 1:
+                    grad_norm = _grad_norm(engine)
+                    engine.step()
+                    if grad_norm != grad_norm:  # ZeRO partitions the grads: the engine measured the norm
+                        grad_norm = float(engine.get_global_grad_norm() or float("nan"))
+                if cuda:
+                    torch.cuda.synchronize(device)
+                t_data += t1 - t0
+                t_compute += time.perf_counter() - t1
+                tokens += batch.n_tokens
+                parts.append(m)
+            step += 1
+            mean = {key: sum(p[key] for p in parts) / len(parts) for key in parts[0]}
+            metrics.append(
+                StepMetrics(
+                    step=step,
+                    epoch=epoch,
+                    grad_norm=grad_norm,
+                    lr=lr,
+                    tokens=tokens,
+                    tokens_per_s=tokens / t_compute if t_compute > 0 else 0.0,
+                    data_s=t_data,
+                    compute_s=t_compute,
+                    **mean,
+                )
+            )
+            wall["data_s"] += t_data
+            wall["compute_s"] += t_compute
+            if settings.save_every and step % settings.save_every == 0 and step < total_steps:
+                t0 = time.perf_counter()
+                _save_state(engine, state_dir, step, _cursor_of(step, steps_per_epoch, gas), plan_id)
+                last_saved = step
+                wall["save_s"] += time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        if step != last_saved or step == total_steps:
+            _save_state(engine, state_dir, step, _cursor_of(step, steps_per_epoch, gas), plan_id)
+        completed = step >= total_steps
+        if completed:
+            engine.module.model.save_pretrained(out)
+            _copy_tokenizer(init, out)
+        wall["save_s"] += time.perf_counter() - t0
+
+    wall["total_s"] = time.perf_counter() - t_start
+    report = TrainReport(
+        out_dir=str(out),
+        completed=completed,
+        total_steps=total_steps,
+        steps_done=step,
+        resumed_from_step=resumed_from,
+        counts=data.counts.as_dict(),
+        steps=metrics,
+        wall=wall,
+    )
+    if completed:
+        tmp = out / f".{REPORT_NAME}.tmp"
+        tmp.write_text(report.to_json() + "\n")
+        os.replace(tmp, out / REPORT_NAME)  # atomic: the report appears whole, after the checkpoint
+    return report
+
+
+def _cursor_of(step: int, steps_per_epoch: int, gas: int) -> Cursor:
+    epoch, k = divmod(step, steps_per_epoch)
+    return Cursor(epoch, k * gas)
+
+
+def _grad_norm(engine: Any) -> float:
+    """Global L2 norm of the accumulated gradients when they are whole on this rank (ZeRO-0); else NaN."""
+    grads = [p.grad for p in engine.module.parameters() if p.grad is not None]
+    if not grads:
+        return float("nan")
+    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads])))
