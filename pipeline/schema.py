@@ -96,6 +96,9 @@ class StepRow:
     done: bool = col(_BOOL, "whether the episode ended with this step")
 
 
+_SPAN = pa.struct([("start", _I32), ("end", _I32)])  # a half-open [start, end) range
+
+
 @dataclass(frozen=True)
 class SubdiffRow:
     subdiff_id: str = col(_STR, "content hash of (row_id, file, edit_type, scale, line span)")
@@ -107,10 +110,14 @@ class SubdiffRow:
     scale: str = col(_STR, "candidate scale: 'hunk', 'win<k>', 'ast'")
     line_start: int = col(_I32, "first line in the after (add) or before (del) file, 0-based")
     line_end: int = col(_I32, "one past the last line")
-    char_start: int = col(_I32, "response span start that wrote it (-1 if none)")
-    char_end: int = col(_I32, "response span end (-1 if none)")
-    token_start: int = col(_I32, "first response token covering the span (-1 if none)")
-    token_end: int = col(_I32, "one past the last covering token (-1 if none)")
+    char_start: int = col(_I32, "bound: start of the first char span that wrote it (-1 if none)")
+    char_end: int = col(_I32, "bound: end of the last char span (-1 if none); gaps may lie between")
+    token_start: int = col(_I32, "bound: first token of token_spans (-1 if none)")
+    token_end: int = col(_I32, "bound: one past the last token of token_spans (-1 if none)")
+    char_spans: list = col(pa.list_(_SPAN), "response char ranges that wrote it, merged and sorted")
+    token_spans: list = col(
+        pa.list_(_SPAN), "response token index ranges sharing a char with char_spans, merged and sorted"
+    )
     n_lines: int = col(_I32, "number of lines")
     normalized_text: str = col(_STR, "text after normalization (what is compared)")
 
@@ -205,18 +212,23 @@ def to_arrow(table: str, rows: Iterable[Any]) -> pa.Table:
         raise SchemaError(f"{table}: values do not fit the contract: {e}") from e
 
 
+def _check_columns(table: str, got: pa.Schema, source: str) -> None:
+    for f in arrow_schema(table):
+        if f.name not in got.names:
+            raise SchemaError(f"{source}: table {table!r} is missing column {f.name!r} ({f.type})")
+        got_type = got.field(f.name).type
+        if got_type != f.type:
+            raise SchemaError(f"{source}: column {f.name!r} of table {table!r} has type {got_type}, expected {f.type}")
+
+
 def conform(table: str, data: pa.Table, *, source: str = "<memory>") -> pa.Table:
     """Check `data` against the contract and return it with the exact schema (column order, types, metadata).
 
     Extra columns are dropped; a missing column or a type that differs is refused, naming `source` and the column.
     """
     schema = arrow_schema(table)
+    _check_columns(table, data.schema, source)
     for f in schema:
-        if f.name not in data.column_names:
-            raise SchemaError(f"{source}: table {table!r} is missing column {f.name!r} ({f.type})")
-        got = data.schema.field(f.name).type
-        if got != f.type:
-            raise SchemaError(f"{source}: column {f.name!r} of table {table!r} has type {got}, expected {f.type}")
         if data.column(f.name).null_count:
             raise SchemaError(f"{source}: column {f.name!r} of table {table!r} has null values")
     return pa.Table.from_arrays([data.column(n) for n in schema.names], schema=schema)
@@ -234,6 +246,20 @@ def _check_version(meta: Mapping[bytes, bytes] | None, table: str, source: str) 
     stored = meta.get(_TABLE_KEY, table.encode()).decode()
     if stored != table:
         raise SchemaError(f"{source}: holds table {stored!r}, not {table!r}")
+
+
+def check_parquet_schema(file: str | Path, table: str) -> pq.ParquetFile:
+    """Validate a Parquet file's footer (schema version, table name, columns and types) without reading data.
+
+    For readers that query files in place (DuckDB). Raises SchemaError naming the file and the column.
+    """
+    try:
+        pf = pq.ParquetFile(file)
+    except (OSError, pa.ArrowException) as e:
+        raise SchemaError(f"{file}: not a readable Parquet file of table {table!r}: {e}") from e
+    _check_version(pf.schema_arrow.metadata, table, str(file))
+    _check_columns(table, pf.schema_arrow, str(file))
+    return pf
 
 
 def part_files(path: str | Path) -> list[Path]:
@@ -255,9 +281,8 @@ def read_table(path: str | Path, table: str) -> pa.Table:
     schema = arrow_schema(table)
     parts = []
     for file in part_files(path):
+        pf = check_parquet_schema(file, table)
         try:
-            pf = pq.ParquetFile(file)
-            _check_version(pf.schema_arrow.metadata, table, str(file))
             parts.append(conform(table, pf.read(), source=str(file)))
         except SchemaError:
             raise

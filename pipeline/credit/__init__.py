@@ -1,0 +1,41 @@
+"""Credit assignment of DiDPO as pure, fast functions (no Beam, torch or DuckDB).
+
+Entry point: `compute_credit(steps, settings) -> CreditResult`. See `pipeline.credit.batch` for the
+algorithm in numbered steps and DESIGN.md "The algorithm".
+"""
+
+from pipeline.credit.anchors import groupability
+from pipeline.credit.batch import CreditResult, compute_credit
+from pipeline.credit.estimators import ESTIMATORS, EstimatorBatch, EstimatorOutput, register_estimator
+from pipeline.credit.inputs import CreditInputError, Edit, StepInput, edits_from_action
+from pipeline.credit.projection import pad_token_batch
+from pipeline.credit.settings import CreditSettings
+
+
+def clear_caches() -> None:
+    """Empty the per-text caches (diffs, AST blocks, normalization) so a benchmark measures a cold batch."""
+    from pipeline.credit import diffs, normalize, subdiffs
+
+    diffs.line_opcodes.cache_clear()
+    subdiffs.ast_blocks.cache_clear()
+    normalize.normalize_line.cache_clear()
+    normalize.comparison_tokens.cache_clear()
+    normalize._TOKEN_HASHES.clear()
+
+
+__all__ = [
+    "clear_caches",
+    "ESTIMATORS",
+    "CreditInputError",
+    "CreditResult",
+    "CreditSettings",
+    "Edit",
+    "EstimatorBatch",
+    "EstimatorOutput",
+    "StepInput",
+    "compute_credit",
+    "edits_from_action",
+    "groupability",
+    "pad_token_batch",
+    "register_estimator",
+]

@@ -1,0 +1,131 @@
+"""Whole diff of a step: the real change between the touched files before and after the action.
+
+Per file, the line-level change is computed with difflib after trimming the common prefix and suffix, so a
+whole-file rewrite that changes two lines is a two-line diff and its unchanged lines get no diff credit.
+Each added line is located inside the response text that wrote it (the payload span of an edit on that
+file); each deleted line inside the search text of a search/replace edit on that file.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections import Counter
+from dataclasses import dataclass
+from functools import lru_cache
+
+from pipeline.credit.inputs import StepInput
+from pipeline.credit.normalize import normalize_line
+
+
+@dataclass(frozen=True, slots=True)
+class DiffLine:
+    """One added or deleted line."""
+
+    line_no: int  # 0-based line index: in the file after the action (added) or before it (deleted)
+    text: str  # the line without its newline
+    span: (
+        tuple[int, int] | None
+    )  # [s, e) of the response text that wrote it (added) / its search text (deleted)
+
+
+@dataclass(frozen=True, slots=True)
+class Hunk:
+    """A contiguous change of one file: the lines it deleted and the lines it added."""
+
+    file: str
+    deleted: tuple[DiffLine, ...]
+    added: tuple[DiffLine, ...]
+
+    def signature(self) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
+        """What the change is, independent of where it sits: repeats of it carry no new credit."""
+        return self.file, tuple(d.text for d in self.deleted), tuple(a.text for a in self.added)
+
+
+@lru_cache(maxsize=4096)
+def line_opcodes(before: str, after: str, max_diff_lines: int) -> tuple[tuple[int, int, int, int], ...]:
+    """Changed regions (i1, i2, j1, j2): before-lines [i1, i2) became after-lines [j1, j2).
+
+    Common prefix and suffix lines are trimmed first (linear); difflib only sees the changed middle. A middle
+    longer than `max_diff_lines` on either side is reported as one region without running difflib.
+    """
+    a, b = before.splitlines(), after.splitlines()
+    lo = 0
+    while lo < len(a) and lo < len(b) and a[lo] == b[lo]:
+        lo += 1
+    hi_a, hi_b = len(a), len(b)
+    while hi_a > lo and hi_b > lo and a[hi_a - 1] == b[hi_b - 1]:
+        hi_a -= 1
+        hi_b -= 1
+    if hi_a == lo and hi_b == lo:
+        return ()
+    if max(hi_a - lo, hi_b - lo) > max_diff_lines:
+        return ((lo, hi_a, lo, hi_b),)
+    matcher = difflib.SequenceMatcher(None, a[lo:hi_a], b[lo:hi_b])
+    return tuple(
+        (i1 + lo, i2 + lo, j1 + lo, j2 + lo)
+        for tag, i1, i2, j1, j2 in matcher.get_opcodes()
+        if tag != "equal"
+    )
+
+
+class _Locator:
+    """Finds lines inside the response regions (edit payloads) that wrote them, in reading order."""
+
+    def __init__(self, response: str, spans: list[tuple[int, int]]) -> None:
+        self.regions = [(s, response[s:e]) for s, e in spans]
+        self.cursors = [0] * len(self.regions)
+
+    def find(self, line: str) -> tuple[int, int] | None:
+        needle = line.strip()
+        if not needle or not self.regions:
+            return None
+        for exact in (line, needle):
+            for k, (base, text) in enumerate(self.regions):
+                at = text.find(exact, self.cursors[k])
+                if at < 0:
+                    at = text.find(exact)
+                if at >= 0:
+                    self.cursors[k] = at + len(exact)
+                    return base + at, base + at + len(exact)
+        return None
+
+
+def _code(lines: list[str]) -> list[str]:
+    return [norm for line in lines if (norm := normalize_line(line))]
+
+
+def whole_diff(step: StepInput, max_file_lines: int, max_diff_lines: int, stats: Counter) -> list[Hunk]:
+    """Hunks of added and deleted lines of one step, files in sorted order.
+
+    A region whose lines differ only in blank lines, comments or spacing is no change. Files longer than
+    `max_file_lines` are skipped (counted in stats["files_over_cap"]), and so are changed regions longer
+    than `max_diff_lines` (stats["regions_over_cap"]).
+    """
+    hunks: list[Hunk] = []
+    for path in sorted(set(step.files_before) | set(step.files_after)):
+        before, after = step.files_before.get(path, ""), step.files_after.get(path, "")
+        if before == after:
+            continue
+        if max(before.count("\n"), after.count("\n")) > max_file_lines:
+            stats["files_over_cap"] += 1
+            continue
+        opcodes = line_opcodes(before, after, max_diff_lines)
+        if not opcodes:
+            continue
+        edits = [e for e in step.edits if e.path == path]
+        adds = _Locator(step.response_text, [e.replace_span for e in edits if e.replace_span is not None])
+        dels = _Locator(
+            step.response_text,
+            [e.search_span for e in edits if e.op == "replace" and e.search_span is not None],
+        )
+        a_lines, b_lines = before.splitlines(), after.splitlines()
+        for i1, i2, j1, j2 in opcodes:
+            if i2 - i1 > max_diff_lines or j2 - j1 > max_diff_lines:
+                stats["regions_over_cap"] += 1  # too big to locate line by line: episode credit only
+                continue
+            if _code(a_lines[i1:i2]) == _code(b_lines[j1:j2]):
+                continue  # only blank lines, comments or spacing changed: no code change to credit
+            deleted = tuple(DiffLine(i, a_lines[i], dels.find(a_lines[i])) for i in range(i1, i2))
+            added = tuple(DiffLine(j, b_lines[j], adds.find(b_lines[j])) for j in range(j1, j2))
+            hunks.append(Hunk(path, deleted, added))
+    return hunks

@@ -1,0 +1,137 @@
+"""Advantage estimators with one signature (DESIGN.md step 11).
+
+Every estimator maps an `EstimatorBatch` (N rows of G trajectories of several tasks) to an
+`EstimatorOutput`: one episode-level advantage per row and per-token advantages per row (before the loss
+mask). Register a new one with `@register_estimator("name")`; a name can be registered once.
+
+Notation: R_i episode return of trajectory i; G_task its task group; R_t return-to-go of a row;
+norm(.) the group-relative advantage of `advantages.group_center` (mean_norm or mean_std_norm).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from pipeline.credit.advantages import group_center, trajectory_table
+
+if TYPE_CHECKING:
+    from pipeline.credit.settings import CreditSettings
+
+
+@dataclass(frozen=True)
+class EstimatorBatch:
+    """Inputs of an estimator; N rows, G trajectories."""
+
+    task_index: np.ndarray  # [N] int: task group of the row
+    traj_index: np.ndarray  # [N] int in 0..G-1: trajectory of the row
+    state_index: np.ndarray  # [N] int: identical-workspace group (same task, same workspace_hash_before)
+    episode_return: np.ndarray  # [N] float: R_i of the row's trajectory
+    return_to_go: np.ndarray  # [N] float: R_t of the row
+    n_tokens: np.ndarray  # [N] int: response tokens T_n of each row
+    diff_advantage: list[np.ndarray]  # N arrays [T_n]: projected A^D per token (0 where not covered)
+
+
+@dataclass(frozen=True)
+class EstimatorOutput:
+    episode_advantage: np.ndarray  # [N] float
+    token_advantages: list[np.ndarray]  # N arrays [T_n] float, before the loss mask
+
+
+Estimator = Callable[[EstimatorBatch, "CreditSettings"], EstimatorOutput]
+
+
+@dataclass(frozen=True)
+class EstimatorSpec:
+    name: str
+    fn: Estimator
+    needs_anchors: bool  # uses diff_advantage (the batch computes anchors anyway; this documents the use)
+
+
+ESTIMATORS: dict[str, EstimatorSpec] = {}
+
+
+def register_estimator(name: str, needs_anchors: bool = False) -> Callable[[Estimator], Estimator]:
+    """Decorator adding an estimator to ESTIMATORS; a duplicate name is refused."""
+
+    def add(fn: Estimator) -> Estimator:
+        if name in ESTIMATORS:
+            raise ValueError(
+                f"estimator {name!r} is already registered (by {ESTIMATORS[name].fn.__qualname__})"
+            )
+        ESTIMATORS[name] = EstimatorSpec(name, fn, needs_anchors)
+        return fn
+
+    return add
+
+
+def get_estimator(name: str) -> EstimatorSpec:
+    if name not in ESTIMATORS:
+        raise KeyError(f"unknown estimator {name!r}; registered: {sorted(ESTIMATORS)}")
+    return ESTIMATORS[name]
+
+
+def episode_advantage(batch: EstimatorBatch, mode: str, eps: float) -> np.ndarray:
+    """[N] A^E per row: norm(R_i) over the trajectories of the task (each trajectory counted once)."""
+    traj_task, traj_return = trajectory_table(batch.traj_index, batch.task_index, batch.episode_return)
+    return group_center(traj_return, traj_task, mode, eps)[batch.traj_index]
+
+
+def _broadcast(batch: EstimatorBatch, per_row: np.ndarray) -> EstimatorOutput:
+    tokens = [np.full(int(t), float(v)) for t, v in zip(batch.n_tokens, per_row, strict=True)]
+    return EstimatorOutput(np.asarray(per_row, np.float64), tokens)
+
+
+@register_estimator("grpo")
+def grpo(batch: EstimatorBatch, settings: CreditSettings) -> EstimatorOutput:
+    """GRPO: A_i = (R_i - mean_{G_task} R) / (std_{G_task} R + eps) on every token of trajectory i. [N] -> N x [T_n]."""
+    return _broadcast(batch, episode_advantage(batch, "mean_std_norm", settings.std_eps))
+
+
+@register_estimator("dr_grpo")
+def dr_grpo(batch: EstimatorBatch, settings: CreditSettings) -> EstimatorOutput:
+    """Dr. GRPO: A_i = R_i - mean_{G_task} R (no std division) on every token of trajectory i."""
+    return _broadcast(batch, episode_advantage(batch, "mean_norm", settings.std_eps))
+
+
+@register_estimator("rloo")
+def rloo(batch: EstimatorBatch, settings: CreditSettings) -> EstimatorOutput:
+    """RLOO: A_i = R_i - mean_{j in G_task, j != i} R_j = |G|/(|G|-1) * (R_i - mean_G R); 0 when |G| = 1."""
+    traj_task, traj_return = trajectory_table(batch.traj_index, batch.task_index, batch.episode_return)
+    size = np.bincount(traj_task)[traj_task].astype(np.float64)
+    centered = group_center(traj_return, traj_task, "mean_norm")
+    scale = np.where(size > 1, size / np.maximum(size - 1, 1), 0.0)
+    return _broadcast(batch, (centered * scale)[batch.traj_index])
+
+
+@register_estimator("reinforce_pp_baseline")
+def reinforce_pp_baseline(batch: EstimatorBatch, settings: CreditSettings) -> EstimatorOutput:
+    """REINFORCE++ with baseline: a_i = R_i - mean_{G_task} R, then whitened over all trajectories of the
+    batch: A_i = (a_i - mean_batch a) / (std_batch a + eps)."""
+    traj_task, traj_return = trajectory_table(batch.traj_index, batch.task_index, batch.episode_return)
+    centered = group_center(traj_return, traj_task, "mean_norm")
+    whitened = group_center(centered, np.zeros(len(centered), np.int64), "mean_std_norm", settings.std_eps)
+    return _broadcast(batch, whitened[batch.traj_index])
+
+
+@register_estimator("gigpo")
+def gigpo(batch: EstimatorBatch, settings: CreditSettings) -> EstimatorOutput:
+    """GiGPO: A_t = A^E_i + omega * A^S_t, with A^E_i = norm(R_i) over G_task and
+    A^S_t = norm(R_t) over the rows of the task whose workspace before the step is identical (anchor states);
+    a state seen once gets A^S = 0. norm = settings.adv_norm."""
+    a_e = episode_advantage(batch, settings.adv_norm, settings.std_eps)
+    a_s = group_center(batch.return_to_go, batch.state_index, settings.adv_norm, settings.std_eps)
+    return _broadcast(batch, a_e + settings.gigpo_omega * a_s)
+
+
+@register_estimator("didpo", needs_anchors=True)
+def didpo(batch: EstimatorBatch, settings: CreditSettings) -> EstimatorOutput:
+    """DiDPO: token_adv = A^E_i + lambda * A^D(token), A^E_i = norm(R_i) over G_task, A^D(token) = the
+    projected diff advantage of the covering anchor occurrence with the highest GS (0 outside anchors).
+    With lambda = 0 this is the episode-level estimator (dr_grpo for mean_norm, grpo for mean_std_norm)."""
+    a_e = episode_advantage(batch, settings.adv_norm, settings.std_eps)
+    tokens = [float(a) + settings.lam * d for a, d in zip(a_e, batch.diff_advantage, strict=True)]
+    return EstimatorOutput(a_e, [np.asarray(t, np.float64) for t in tokens])

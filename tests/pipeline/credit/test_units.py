@@ -1,0 +1,133 @@
+"""Units of the credit stage: whole diffs, normalization, near-duplicate clustering, anchor selection."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+
+from pipeline.credit import compute_credit
+from pipeline.credit.anchors import Cluster, cut_overlaps, facility_location
+from pipeline.credit.diffs import whole_diff
+from pipeline.credit.normalize import comparison_tokens, normalize_line
+from pipeline.credit.similarity import ShingleSets, cluster_texts, minhash_signatures
+
+BASE = "def f(xs):\n    total = 0\n    for x in xs:\n        total += x\n    return total\n"
+
+
+def test_whole_file_rewrite_changing_two_lines_is_a_two_line_diff(make_step):
+    new = BASE.replace("total = 0", "total = 1").replace("return total", "return total * 2")
+    step, _ = make_step("r", "t", "demo/0", 0, 1.0, {"a.py": BASE}, [("write", "a.py", "", new)])
+    hunks = whole_diff(step, 10_000, 10_000, Counter())
+    added = [line for h in hunks for line in h.added]
+    deleted = [line for h in hunks for line in h.deleted]
+    assert [a.text for a in added] == ["    total = 1", "    return total * 2"]
+    assert [d.text for d in deleted] == ["    total = 0", "    return total"]
+    for a in added:  # each added line points at the characters of the payload that wrote it
+        s, e = a.span
+        assert step.response_text[s:e] == a.text
+        assert step.edits[0].replace_span[0] <= s < e <= step.edits[0].replace_span[1]
+    assert all(d.span is None for d in deleted)  # a whole-file write has no search text
+
+
+def test_deleted_lines_map_to_the_search_text(make_step):
+    step, _ = make_step(
+        "r",
+        "t",
+        "demo/0",
+        0,
+        1.0,
+        {"a.py": BASE},
+        [("replace", "a.py", "        total += x\n", "        total -= x\n")],
+    )
+    (hunk,) = whole_diff(step, 10_000, 10_000, Counter())
+    s, e = hunk.deleted[0].span
+    assert step.response_text[s:e] == "        total += x"
+    assert step.edits[0].search_span[0] <= s < e <= step.edits[0].search_span[1]
+
+
+def test_exact_repeat_in_a_trajectory_carries_no_new_credit(make_step):
+    fix = ("replace", "a.py", "total += x", "total -= x")
+    undo = ("replace", "a.py", "total -= x", "total += x")
+    s0, after0 = make_step("a0", "a", "demo/0", 0, 0.0, {"a.py": BASE}, [fix])
+    s1, after1 = make_step("a1", "a", "demo/0", 1, 0.0, after0, [undo])
+    s2, _ = make_step("a2", "a", "demo/0", 2, 1.0, after1, [fix])
+    result = compute_credit([s0, s1, s2])
+    assert result.diagnostics.n_repeated_hunks == 1
+    assert "a2" not in result.subdiffs["row_id"] and "a0" in result.subdiffs["row_id"]
+
+
+def test_normalization_strips_comments_but_not_hashes_in_strings():
+    assert normalize_line("    x = 1  # note   ") == "x = 1"
+    assert normalize_line("    s = '# not a comment'  # real") == "s = '# not a comment'"
+    assert normalize_line('    s = "a\\"#b"') == 's = "a\\"#b"'
+    assert normalize_line("   # only a comment") == ""
+
+
+def test_renamed_loop_variable_still_matches():
+    a = comparison_tokens("for x in xs:\ntotal += x", True)
+    b = comparison_tokens("for item in xs:\ntotal += item", True)
+    assert a == b
+    assert comparison_tokens("for x in xs:\ntotal += x", False) != comparison_tokens(
+        "for item in xs:\ntotal += item", False
+    )
+    # attribute names and free names are not renamed
+    assert comparison_tokens("y = obj.x + x", True) == ("v0", "=", "obj", ".", "x", "+", "x")
+
+
+def test_clustering_does_not_chain_transitively():
+    # Shingle sets (size 1 shingles = tokens): J(A, B) = 9/11, J(B, C) = 9/11, J(A, C) = 8/12 < 0.8.
+    a = tuple("t0 t1 t2 t3 t4 t5 t6 t7 t8 t9".split())
+    b = tuple("t0 t1 t2 t3 t4 t5 t6 t7 t8 t9 u1".split()[1:])  # t1..t9 u1
+    c = tuple("t2 t3 t4 t5 t6 t7 t8 t9 u1 u2".split())
+    shingles = ShingleSets([a, b, c], shingle_size=1)
+    assert shingles.jaccard(0, 1) >= 0.8 and shingles.jaccard(1, 2) >= 0.8 and shingles.jaccard(0, 2) < 0.8
+    signatures = minhash_signatures(shingles, 64, seed=1)
+    rep_of = cluster_texts([0, 1, 2], signatures, shingles, eta=0.8, lsh_threshold=0.5, seed=1)
+    assert rep_of == {0: 0, 1: 0, 2: 2}  # C is close to B but not to A, B's representative
+
+
+def test_minhash_estimates_jaccard():
+    rng = np.random.default_rng(0)
+    base = [f"tok{i}" for i in rng.permutation(200)]
+    other = base[:150] + [f"new{i}" for i in range(50)]
+    shingles = ShingleSets([tuple(base), tuple(other)], shingle_size=1)
+    sig = minhash_signatures(shingles, 256, seed=3)
+    estimate = float(np.mean(sig[0] == sig[1]))
+    assert abs(estimate - shingles.jaccard(0, 1)) < 0.1
+
+
+def test_facility_location_prefers_the_covering_anchor_and_cut_removes_overlaps():
+    # Units 0..3 of one hunk. Candidate 0 covers [0, 4) (GS 0.5); 1 covers [0, 2) (GS 0.3); 2 covers [2, 4).
+    unit_start, unit_end = np.array([0, 0, 2, 10]), np.array([4, 2, 4, 14])
+    clusters = [Cluster("big", [0, 3], 0.5), Cluster("small", [1], 0.3), Cluster("other", [2], 0.2)]
+    chosen = facility_location(clusters, unit_start, unit_end, 14, max_anchors=5)
+    assert chosen == [0]  # the smaller ones gain nothing once the big one covers their lines
+    kept = cut_overlaps([clusters[0], clusters[1]], unit_start, unit_end, 14)
+    assert kept == [[0, 3], []]
+
+
+def test_subdiff_token_ranges_match_their_characters(same_function_batch):
+    result = compute_credit(same_function_batch)
+    sub = result.subdiffs
+    steps = {s.row_id: s for s in same_function_batch}
+    checked = 0
+    for i, row_id in enumerate(sub["row_id"]):
+        cs, ce, ts, te = sub["char_start"][i], sub["char_end"][i], sub["token_start"][i], sub["token_end"][i]
+        if cs < 0:
+            continue
+        starts, ends = steps[row_id].token_char_starts, steps[row_id].token_char_ends
+        touching = np.flatnonzero((starts < ce) & (ends > cs) & (ends > starts))
+        assert (ts, te) == (touching[0], touching[-1] + 1)
+        # the exact spans: char_spans within the bounds, token_spans = the tokens touching them, nothing else
+        chars = [(c["start"], c["end"]) for c in sub["char_spans"][i]]
+        assert chars[0][0] == cs and chars[-1][1] == ce and chars == sorted(chars)
+        exact = np.zeros(len(starts), bool)
+        for c0, c1 in chars:
+            exact |= (starts < c1) & (ends > c0) & (ends > starts)
+        tokens = np.zeros(len(starts), bool)
+        for t in sub["token_spans"][i]:
+            tokens[t["start"] : t["end"]] = True
+        np.testing.assert_array_equal(tokens, exact)
+        checked += 1
+    assert checked == len(sub["row_id"]) > 10
