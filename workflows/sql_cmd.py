@@ -1,0 +1,125 @@
+"""`didpo sql NAME|FILE --run DIR`: run one DuckDB query against a round's tables and show the result.
+
+    didpo sql --list                                        queries and the question each answers
+    didpo sql reward_by_turn --run runs/local               print (latest round of the run)
+    didpo sql advantages_diff --run runs/local/round=0 --adv-norm mean_std_norm --out adv_diff.parquet
+    didpo sql my_query.sql --run runs/local --out result.csv
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Annotated
+
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from pipeline.schema import SchemaError
+from pipeline.sqlrun import SqlError, available_queries, find_query, resolve_round, run_query, sql_params
+
+OUT_FORMATS = (".csv", ".parquet")
+_DEFAULTS = sql_params()  # CreditSettings' defaults: one source of truth
+
+
+def _cell(value: object) -> str:
+    if value is None:
+        return "∅"
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    text = json.dumps(value, default=str) if isinstance(value, list | dict) else str(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _print_table(console: Console, result: pa.Table, title: str, limit: int) -> None:
+    table = Table(title=title, title_justify="left")
+    for name in result.column_names:
+        numeric = pa.types.is_integer(result.schema.field(name).type) or pa.types.is_floating(
+            result.schema.field(name).type)
+        table.add_column(name, justify="right" if numeric else "left", overflow="fold")
+    for row in result.slice(0, limit).to_pylist():
+        table.add_row(*(_cell(v) for v in row.values()))
+    console.print(table)
+    if result.num_rows > limit:
+        console.print(f"showing {limit} of {result.num_rows} rows (--limit N, or --out FILE for all)")
+
+
+def _flat_for_csv(result: pa.Table) -> pa.Table:
+    """CSV has no nested values: lists and structs become JSON text."""
+    columns = []
+    for name in result.column_names:
+        column = result[name]
+        if pa.types.is_nested(column.type):
+            column = pa.array([None if v is None else json.dumps(v, default=str) for v in column.to_pylist()],
+                              pa.string())
+        columns.append(column)
+    return pa.table(columns, names=result.column_names)
+
+
+def write_result(result: pa.Table, out: Path) -> None:
+    """Write a query result to .csv or .parquet atomically (temp file + rename)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+    os.close(fd)
+    try:
+        if out.suffix == ".csv":
+            pacsv.write_csv(_flat_for_csv(result), tmp)
+        else:
+            pq.write_table(result, tmp, compression="zstd")
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _list_queries(console: Console) -> None:
+    table = Table(title="queries (didpo sql NAME --run DIR)", title_justify="left")
+    table.add_column("name")
+    table.add_column("kind")
+    table.add_column("what it answers", overflow="fold")
+    for q in available_queries():
+        table.add_row(q.name, f"view ({q.layer})" if q.layer else "analysis", q.summary if q.layer else q.header)
+    console.print(table)
+
+
+def sql(
+    name_or_file: Annotated[str | None, typer.Argument(help="query name (see --list) or a .sql file")] = None,
+    run: Annotated[Path | None, typer.Option(
+        "--run", "-r", help="round folder runs/<id>/round=<k>, or a run folder (latest round)")] = None,
+    out: Annotated[Path | None, typer.Option(
+        "--out", "-o", help="write every row to FILE.csv or FILE.parquet")] = None,
+    limit: Annotated[int, typer.Option("--limit", "-n", min=0, help="rows to print")] = 50,
+    list_queries: Annotated[bool, typer.Option("--list", help="list the available queries and exit")] = False,
+    adv_norm: Annotated[str, typer.Option(
+        "--adv-norm", help="advantage normalisation: mean_norm or mean_std_norm")] = _DEFAULTS["adv_norm"],
+    lam: Annotated[float, typer.Option("--lam", help="lambda, weight of A^D (params.lam)")] = _DEFAULTS["lam"],
+) -> None:
+    """Run a DuckDB query (sql/ or a file) against a round's Parquet tables and print or save the result."""
+    console = Console()
+    if list_queries:
+        _list_queries(console)
+        return
+    if name_or_file is None or run is None:
+        typer.echo("usage: didpo sql NAME|FILE --run DIR  (didpo sql --list shows the queries)", err=True)
+        raise typer.Exit(2)
+    if out is not None and out.suffix not in OUT_FORMATS:
+        typer.echo(f"--out {out}: unknown format {out.suffix!r}; use one of {', '.join(OUT_FORMATS)}", err=True)
+        raise typer.Exit(2)
+    try:
+        query = find_query(name_or_file)
+        round_dir = resolve_round(run)
+        result = run_query(round_dir, name_or_file, {"adv_norm": adv_norm, "lam": lam})
+    except (SqlError, SchemaError) as e:
+        typer.echo(f"didpo sql: {e}", err=True)
+        raise typer.Exit(1) from None
+    if out is not None:
+        write_result(result, out)
+        typer.echo(f"wrote {result.num_rows} rows to {out}")
+        return
+    _print_table(console, result, f"{query.name} on {round_dir} ({result.num_rows} rows)", limit)
