@@ -2,7 +2,8 @@
 
 Exit codes and stdout of the code under test are ignored. Outcomes come from (see `_worker` for the how):
   check  - the test process T, which never runs candidate code, over a pipe the candidate does not hold;
-  io     - plain-data outputs compared here, outside the sandbox, with the reference's outputs (cached);
+  io     - plain-data outputs compared here, outside the sandbox, with the reference's outputs (cached),
+           by the task's `meta["output_check"]` (EvalPlus's special oracles, see `output_matches`);
   pytest - a nonce-tagged record on a private descriptor, accepted only if the harness finished.
 A run that does not complete the harness scores 0 passed.
 """
@@ -14,9 +15,9 @@ import json
 import math
 import signal
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from pipeline.sandbox import _worker
 from pipeline.sandbox.pool import SandboxPool
@@ -90,6 +91,105 @@ def outputs_equal(expected, actual, atol: float) -> bool:
     )
 
 
+def _is_number(value) -> bool:
+    return type(value) in (int, float)
+
+
+def _poly(xs: Sequence[float], x: float) -> float:
+    """sum_i xs[i] * x**i, summed left to right in floats exactly as HumanEval/32's own `poly` (and EvalPlus's
+    oracle) does: a root found by that `poly` must pass, and for large coefficients an exact sum (fsum) can
+    differ from it by more than atol. Raises OverflowError/TypeError on values it cannot evaluate."""
+    return sum(coeff * math.pow(x, i) for i, coeff in enumerate(xs))
+
+
+def _pyramid_surface(base: float, height: float) -> int:
+    """Rounded surface area of a square pyramid: base**2 + 2*base*slant (Mbpp/581's intended formula)."""
+    return round(base**2 + 2 * base * math.sqrt((base / 2) ** 2 + height**2))
+
+
+def _digit_distance(a: int, b: int) -> int:
+    """Sum of |digit differences| of a and b zero-padded to one length (Mbpp/558's intended meaning)."""
+    sa, sb = str(a), str(b)
+    width = max(len(sa), len(sb))
+    return sum(abs(int(x) - int(y)) for x, y in zip(sa.zfill(width), sb.zfill(width), strict=True))
+
+
+def _set_equal(expected, actual) -> bool:
+    collections = (list, tuple, set, frozenset)
+    if type(expected) not in collections or type(actual) not in collections:
+        return False
+    try:
+        return set(expected) == set(actual)
+    except TypeError:  # unhashable items: no set to compare
+        return False
+
+
+def _poly_root(expected, actual, args: Sequence, atol: float) -> bool:
+    if not _is_number(actual) or len(args) != 1 or type(args[0]) not in (list, tuple):
+        return False
+    try:
+        return abs(_poly(args[0], actual)) <= atol
+    except (OverflowError, TypeError, ValueError):
+        return False
+
+
+def _surface_area(expected, actual, args: Sequence, atol: float) -> bool:
+    if outputs_equal(expected, actual, atol):
+        return True
+    try:
+        return _is_number(actual) and abs(actual - _pyramid_surface(*args)) <= atol
+    except (OverflowError, TypeError, ValueError):  # the formula is undefined for these inputs: equality only
+        return False
+
+
+def _digit_distance_check(expected, actual, args: Sequence, atol: float) -> bool:
+    if outputs_equal(expected, actual, atol):
+        return True
+    try:
+        return type(actual) is int and actual == _digit_distance(*args)
+    except (TypeError, ValueError):  # e.g. a negative number has no digit-wise distance: equality only
+        return False
+
+
+# check name -> (expected, actual, args, atol) -> passed. Both outputs are plain data; for "not_none" they were
+# already reduced in the sandbox to `out if type(out) is bool else out is not None` (see `_OUTPUT_REDUCTIONS`).
+_OUTPUT_CHECKS: dict[str, Callable[[Any, Any, Sequence, float], bool]] = {
+    "equal": lambda e, a, args, atol: outputs_equal(e, a, atol),
+    "set": lambda e, a, args, atol: outputs_equal(e, a, atol) or _set_equal(e, a),
+    "not_none": lambda e, a, args, atol: type(a) is bool and type(e) is bool and a == e,
+    "any": lambda e, a, args, atol: True,
+    "equal_or_zero": lambda e, a, args, atol: outputs_equal(e, a, atol) or (_is_number(a) and a == 0),
+    "surface_area": _surface_area,
+    "digit_distance": _digit_distance_check,
+    "poly_root": _poly_root,
+}
+OUTPUT_CHECKS: tuple[str, ...] = tuple(_OUTPUT_CHECKS)
+# checks whose raw outputs may not be plain data (re.Match): the sandbox sends a reduced value instead
+_OUTPUT_REDUCTIONS = {"not_none": "not_none"}
+
+
+def output_matches(check: str, expected, actual, args: Sequence, atol: float) -> bool:
+    """Whether the candidate's `actual` output for the argument list `args` passes against the reference's
+    `expected` output under EvalPlus's comparison `check` (one of OUTPUT_CHECKS; pipeline/tasks/evalplus.py):
+
+      equal           outputs_equal (floats within atol, 1e-6 when atol is 0)
+      set             equal, or the same set of items (order and duplicates ignored)
+      not_none        both reduced outputs (bool: as is; else `is not None`) agree
+      any             any returned value passes
+      equal_or_zero   equal, or the output is the number 0
+      surface_area    equal, or within atol of round(b**2 + 2*b*sqrt((b/2)**2 + h**2)) for args (b, h)
+      digit_distance  equal, or the digit distance of args (a, b), zero-padded to one length
+      poly_root       |sum_i xs[i] * actual**i| <= atol for args (xs,): any root passes; `expected` unused
+
+    All plain data, evaluated here outside the sandbox; never raises on odd candidate outputs (they fail).
+    """
+    try:
+        compare = _OUTPUT_CHECKS[check]
+    except KeyError:
+        raise ValueError(f"unknown output check {check!r}; allowed: {', '.join(OUTPUT_CHECKS)}") from None
+    return bool(compare(expected, actual, args, atol))
+
+
 class Judge:
     """Runs suites through a `SandboxPool`. Thread-safe; the reference-output cache is per judge."""
 
@@ -101,31 +201,45 @@ class Judge:
 
     # -- public
     def run(self, task: Task, files: Mapping[str, str], *, hidden: bool = False) -> ExecResult:
-        """Execute the task's hidden (or visible) tests against `files` (path -> text)."""
+        """Execute the task's hidden (or visible) tests against `files` (path -> text).
+
+        Task meta the judge honours: "output_check" (io comparison, default "equal"; see `output_matches`) and
+        "timeout_s" (a wall-clock floor for this task's runs, for suites whose reference is slow: the deadline
+        is the larger of it and the judge's; the CPU rlimit stays the pool's).
+        """
         suite = task.hidden_tests if hidden else task.visible_tests
-        return self.run_suite(suite, files, reference=task.reference, cache_key=f"{task.task_id}|{hidden}")
+        return self.run_suite(suite, files, reference=task.reference, cache_key=f"{task.task_id}|{hidden}",
+                              output_check=task.meta.get("output_check", "equal"),
+                              timeout_s=task.meta.get("timeout_s"))
 
     def run_suite(self, suite: TestSuite, files: Mapping[str, str], *, reference: Mapping[str, str] | None = None,
-                  cache_key: str = "") -> ExecResult:
+                  cache_key: str = "", output_check: str = "equal", timeout_s: float | None = None) -> ExecResult:
+        """Run `suite` against `files`; `timeout_s` raises the wall deadline of these runs (never lowers it)."""
         files = dict(files)
+        if output_check not in _OUTPUT_CHECKS:
+            raise ValueError(f"unknown output check {output_check!r}; allowed: {', '.join(OUTPUT_CHECKS)}")
+        if timeout_s is not None and not (isinstance(timeout_s, int | float) and timeout_s > 0):
+            raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+        default = self.timeout_s if self.timeout_s is not None else self.pool.settings.timeout_s
+        timeout = max(default, timeout_s or 0.0)
         if suite.kind == "check":
-            return self._run_check(suite, files)
+            return self._run_check(suite, files, timeout)
         if suite.kind == "io":
             if reference is None:
                 raise ValueError("io suites need the reference workspace to compute expected outputs")
-            expected = self._expected_outputs(suite, dict(reference), cache_key)
+            expected = self._expected_outputs(suite, dict(reference), cache_key, output_check, timeout)
             if isinstance(expected, ExecResult):
                 return expected
-            return self._run_io(suite, files, expected)
+            return self._run_io(suite, files, expected, output_check, timeout)
         if suite.kind == "pytest":
-            return self._run_pytest(suite, files)
+            return self._run_pytest(suite, files, timeout)
         raise ValueError(f"unknown test suite kind {suite.kind!r}")
 
     # -- kinds
-    def _execute(self, job: dict) -> dict:
-        return self.pool.execute(job, self.timeout_s)
+    def _execute(self, job: dict, timeout: float) -> dict:
+        return self.pool.execute(job, timeout)
 
-    def _run_check(self, suite: TestSuite, files: dict) -> ExecResult:
+    def _run_check(self, suite: TestSuite, files: dict, timeout: float) -> ExecResult:
         if not suite.files:
             raise ValueError("check suite without a test file")
         total = 0
@@ -135,7 +249,8 @@ class Judge:
             except SyntaxError as exc:
                 raise ValueError(f"test file {path}: cannot parse: {exc}") from exc
         report = self._execute({"kind": "check", "files": files, "tests": [[p, s] for p, s in suite.files.items()],
-                                "module": _module_of(suite, files), "entry_point": suite.entry_point or "candidate"})
+                                "module": _module_of(suite, files), "entry_point": suite.entry_point or "candidate"},
+                               timeout)
         return self._interpret_check(report, total)
 
     def _interpret_check(self, report: dict, total: int) -> ExecResult:
@@ -164,11 +279,13 @@ class Judge:
             status = "failed"
         return ExecResult(status=status, passed=passed, cases=cases, **base)
 
-    def _run_io_raw(self, suite: TestSuite, files: dict) -> tuple[dict, list | None]:
+    def _run_io_raw(self, suite: TestSuite, files: dict, output_check: str,
+                    timeout: float) -> tuple[dict, list | None]:
         """Run the io harness; returns (report, outputs) where outputs is None if the harness did not finish."""
         job = {"kind": "io", "files": files, "module": _module_of(suite, files),
-               "entry_point": suite.entry_point, "inputs": [_worker.encode(list(a)) for a in suite.inputs]}
-        report = self._execute(job)
+               "entry_point": suite.entry_point, "inputs": [_worker.encode(list(a)) for a in suite.inputs],
+               "reduce": _OUTPUT_REDUCTIONS.get(output_check)}
+        report = self._execute(job, timeout)
         if "infra_error" in report:
             return report, None
         recs = [r for r in report["records"] if isinstance(r, dict)]
@@ -181,23 +298,31 @@ class Judge:
                 outputs[i] = r
         return report, outputs
 
-    def _expected_outputs(self, suite: TestSuite, reference: dict, key: str) -> list | ExecResult:
-        key = f"{key}|{_hash([reference, list(suite.inputs), suite.entry_point, suite.module])}"
+    def _expected_outputs(self, suite: TestSuite, reference: dict, key: str, output_check: str,
+                          timeout: float) -> list | ExecResult:
+        reduce = _OUTPUT_REDUCTIONS.get(output_check)
+        key = f"{key}|{_hash([reference, list(suite.inputs), suite.entry_point, suite.module, reduce])}"
         with self._lock:
             if key in self._expected:
                 return self._expected[key]
-        report, outputs = self._run_io_raw(suite, reference)
+        report, outputs = self._run_io_raw(suite, reference, output_check, timeout)
         if outputs is None:
             why = report.get("infra_error") or "the reference solution did not complete its io harness"
             return self._infra(f"cannot compute expected outputs: {why}", len(suite.inputs))
-        expected = [_decode_output(o) for o in outputs]
+        expected = [_decode_output(o) if o is not None else ("missing", None) for o in outputs]
+        opaque = [i for i, (kind, value) in enumerate(expected)
+                  if kind in ("missing", "malformed") or (kind, value) == ("exc", _worker.NotPlain.__name__)]
+        if opaque:  # nothing to compare with: any candidate output of the same shape would "pass"
+            return self._infra(f"cannot compute expected outputs: the reference returned no plain data for "
+                               f"input {opaque[0]} ({len(opaque)} inputs in all)", len(suite.inputs))
         with self._lock:
             self._expected[key] = expected
         return expected
 
-    def _run_io(self, suite: TestSuite, files: dict, expected: list) -> ExecResult:
+    def _run_io(self, suite: TestSuite, files: dict, expected: list, output_check: str,
+                timeout: float) -> ExecResult:
         total = len(suite.inputs)
-        report, outputs = self._run_io_raw(suite, files)
+        report, outputs = self._run_io_raw(suite, files, output_check, timeout)
         if "infra_error" in report:
             return self._infra(report["infra_error"], total)
         base = self._base(report, total)
@@ -212,16 +337,17 @@ class Judge:
         cases = []
         for i, (exp, out) in enumerate(zip(expected, outputs, strict=True)):
             got = _decode_output(out) if out is not None else ("missing", None)
-            ok = exp[0] == got[0] and (outputs_equal(exp[1], got[1], suite.atol) if exp[0] == "ok"
-                                       else exp[1] == got[1])
+            ok = exp[0] == got[0] and (
+                output_matches(output_check, exp[1], got[1], suite.inputs[i], suite.atol) if exp[0] == "ok"
+                else exp[1] == got[1])
             cases.append(CaseResult(f"input {i}", ok, "" if ok else _io_detail(suite.inputs[i], exp, got)))
         passed = sum(c.passed for c in cases)
         return ExecResult(status="passed" if passed == total else "failed", passed=passed, cases=tuple(cases),
                           **base)
 
-    def _run_pytest(self, suite: TestSuite, files: dict) -> ExecResult:
+    def _run_pytest(self, suite: TestSuite, files: dict, timeout: float) -> ExecResult:
         report = self._execute({"kind": "pytest", "files": files, "test_files": dict(suite.files),
-                                "test_paths": list(suite.files)})
+                                "test_paths": list(suite.files)}, timeout)
         total = suite.n_cases
         if "infra_error" in report:
             return self._infra(report["infra_error"], total)

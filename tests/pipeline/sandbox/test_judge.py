@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import collections
+import dataclasses
 import logging
 import math
 
@@ -7,7 +9,9 @@ import pytest
 
 from pipeline.sandbox import InfraError, Judge, SandboxPool, SandboxSettings, outputs_equal
 from pipeline.sandbox._worker import NotPlain, decode, encode
+from pipeline.sandbox.judge import OUTPUT_CHECKS, output_matches
 from pipeline.tasks import load_source
+from pipeline.tasks.base import Task, TestSuite
 
 GOOD = "def add(a, b):\n    return a + b\n"
 
@@ -32,10 +36,130 @@ def test_codec_refuses_subclasses_and_objects():
         decode({"zz": 1})
 
 
+def test_codec_sends_stdlib_dict_subclasses_as_plain_dicts():
+    # e.g. Mbpp/88's reference returns a Counter; a plain dict with the same items is the same answer
+    for value in (collections.Counter("abca"), collections.OrderedDict(b=1, a=2), collections.defaultdict(int, a=2)):
+        back = decode(encode(value))
+        assert type(back) is dict and back == dict(value)
+
+
 def test_outputs_equal_tolerance_and_types():
     assert outputs_equal([1.0, (2,)], [1.0 + 1e-9, (2,)], 0.0)
     assert not outputs_equal([1, 2], (1, 2), 0.0)
     assert outputs_equal(float("nan"), float("nan"), 0.0) and not outputs_equal(1.0, 1.1, 0.05)
+
+
+# (check, expected, actual, args, atol, passes): hand-made cases on both sides of each EvalPlus oracle
+ORACLE_CASES = [
+    ("equal", [1.0, 2], [1.0 + 1e-9, 2], (), 0.0, True),
+    ("equal", [1, 2], [2, 1], (), 0.0, False),
+    ("set", [1, 2, 3], [3, 1, 2], (), 0.0, True),
+    ("set", [1, 2, 3], (2, 1, 3, 3), (), 0.0, True),
+    ("set", [1, 2, 3], [1, 2], (), 0.0, False),
+    ("set", [1, 2], [[1], [2]], (), 0.0, False),  # unhashable items: no set, no pass
+    ("set", [1, 2], None, (), 0.0, False),
+    ("not_none", True, True, (), 0.0, True),
+    ("not_none", False, False, (), 0.0, True),
+    ("not_none", True, False, (), 0.0, False),
+    ("not_none", True, 1, (), 0.0, False),
+    ("any", [1, 2], "whatever", (), 0.0, True),
+    ("equal_or_zero", 12, 12, (), 0.0, True),
+    ("equal_or_zero", 12, 0, (), 0.0, True),
+    ("equal_or_zero", 12, 11, (), 0.0, False),
+    ("equal_or_zero", 12, False, (), 0.0, False),
+    ("surface_area", 33, 33, (3, 4), 0.0, True),  # the reference's own answer
+    ("surface_area", 33, 35, (3, 4), 0.0, True),  # round(9 + 6 * sqrt(2.25 + 16)) = round(34.63) = 35
+    ("surface_area", 33, 34, (3, 4), 0.0, False),
+    ("surface_area", 33, "35", (3, 4), 0.0, False),
+    ("surface_area", 33, 36.0, (3, 4), 1.5, True),
+    ("digit_distance", 6, 6, (123, 256), 0.0, True),
+    ("digit_distance", 8, 9, (9, 123), 0.0, True),  # 009 vs 123: 1 + 2 + 6 (the reference zips "9", "1")
+    ("digit_distance", 8, 10, (9, 123), 0.0, False),
+    ("digit_distance", 3, 4, (-1, 5), 0.0, False),  # a negative number has no digit distance: equality only
+    ("poly_root", 0.5, -0.5, ([1, 2],), 1e-4, True),  # 1 + 2x: the root, whatever the reference said
+    ("poly_root", -0.5, 0.5, ([1, 2],), 1e-4, False),
+    ("poly_root", 1.0, -1.0, ([-1, 0, 1],), 1e-4, True),  # x^2 - 1: either root
+    ("poly_root", 1.0, 1.001, ([-1, 0, 1],), 1e-4, False),
+    ("poly_root", 1.0, "1.0", ([-1, 0, 1],), 1e-4, False),
+    ("poly_root", 1.0, 1e300, ([-1, 0, 1],), 1e-4, False),  # overflow fails, never raises
+    ("poly_root", 1.0, float("nan"), ([-1, 0, 1],), 1e-4, False),
+]
+
+
+@pytest.mark.parametrize(("check", "expected", "actual", "args", "atol", "passes"), ORACLE_CASES)
+def test_output_checks_follow_evalplus_oracles(check, expected, actual, args, atol, passes):
+    assert output_matches(check, expected, actual, args, atol) is passes
+
+
+def test_every_output_check_has_cases_both_ways_and_unknown_checks_are_refused():
+    assert {(c[0], c[-1]) for c in ORACLE_CASES} >= {(c, v) for c in OUTPUT_CHECKS for v in (True, False)
+                                                     if (c, v) != ("any", False)}
+    with pytest.raises(ValueError, match="unknown output check 'fuzzy'; allowed: equal, set"):
+        output_matches("fuzzy", 1, 1, (), 0.0)
+
+
+def _io_task(reference: str, inputs: tuple, output_check: str, entry_point: str = "f", **meta) -> Task:
+    suite = TestSuite(kind="io", entry_point=entry_point, module="solution", inputs=inputs, atol=1e-4)
+    return Task(task_id="handmade/io", source="handmade", split="test", instructions="f", workspace=
+                {"solution.py": "def f(x):\n    pass\n"}, visible_tests=suite, hidden_tests=suite,
+                reference={"solution.py": reference}, meta={"output_check": output_check, **meta})
+
+
+def test_humaneval_32_accepts_any_root_and_refuses_a_wrong_one(judge):
+    (task,) = [t for t in load_source("humanevalplus") if t.task_id == "humanevalplus/HumanEval/32"]
+    assert task.meta["output_check"] == "poly_root"
+    reference = task.reference["solution.py"]
+    assert judge.run(task, task.reference, hidden=True).status == "passed"
+    # a different root than the reference's Newton iteration finds, on a polynomial with two of them
+    # (x + 2)(x - 1) and (x + 3)(x - 2): Newton from 0 finds 1 and 2; the candidate returns the other root
+    two_roots = _io_task(reference, (([-2, 1, 1],), ([-6, 1, 1],)), "poly_root", entry_point="find_zero")
+    smaller = "    c, b, a = xs\n    return (-b - math.sqrt(b * b - 4 * a * c)) / (2 * a)\n"
+    negative = reference + "\n\ndef find_zero(xs):\n" + smaller
+    assert judge.run(two_roots, {"solution.py": negative}).status == "passed"
+    wrong = judge.run(task, {"solution.py": reference.replace("    return x\n", "    return x + 0.5\n")})
+    assert wrong.status == "failed" and wrong.passed < wrong.total / 2, wrong.passed
+
+
+def test_not_none_compares_what_a_match_object_reduces_to(judge):
+    reference = "import re\n\ndef f(x):\n    return re.search('^a', x)\n"
+    task = _io_task(reference, (("apple",), ("pear",), ("avocado",)), "not_none")
+    assert judge.run(task, {"solution.py": "def f(x):\n    return x.startswith('a')\n"}).status == "passed"
+    assert judge.run(task, {"solution.py": "def f(x):\n    return x or None\n"}).passed == 2
+    assert judge.run(task, {"solution.py": "def f(x):\n    return None\n"}).passed == 1
+    # the same reference under plain equality has no plain output to compare with: refused, never "passed"
+    opaque = judge.run(_io_task(reference, (("apple",),), "equal"), {"solution.py": reference})
+    assert opaque.status == "infra_error" and "no plain data" in opaque.detail
+
+
+def test_set_check_through_the_sandbox(judge):
+    task = _io_task("def f(x):\n    return sorted(set(x))\n", (([3, 1, 3],), ([2, 2],)), "set")
+    assert judge.run(task, {"solution.py": "def f(x):\n    return list(set(x))[::-1]\n"}).status == "passed"
+    assert judge.run(task, {"solution.py": "def f(x):\n    return x\n"}).status == "passed"  # duplicates
+    assert judge.run(task, {"solution.py": "def f(x):\n    return x[:1]\n"}).passed == 1
+
+
+def test_task_timeout_is_a_floor_on_the_wall_deadline(pool, task_factory):
+    slow = {"test_slow.py": "import time\n\n\ndef test_sleepy():\n    time.sleep(1.0)\n"}
+    base = task_factory("pytest", tests=slow)
+    judge = Judge(pool, timeout_s=0.5)  # sleeping costs no CPU: only the wall deadline can end it
+    assert judge.run(base, {"solution.py": GOOD}).status == "timeout"
+    roomy = dataclasses.replace(base, meta={"timeout_s": 8.0})
+    assert judge.run(roomy, {"solution.py": GOOD}).status == "passed"
+    with pytest.raises(ValueError, match="timeout_s must be a positive number"):
+        judge.run(dataclasses.replace(base, meta={"timeout_s": -1}), {"solution.py": GOOD})
+
+
+def test_exercism_helpers_import_and_skips_are_no_cases(judge):
+    tasks = {t.task_id: t for t in load_source("exercism", ids=["exercism/error-handling", "exercism/alphametics"])}
+    handling = tasks["exercism/error-handling"]
+    ref = judge.run(handling, handling.reference, hidden=True)
+    assert ref.status == "passed" and ref.total == 5, ref
+    assert judge.run(handling, handling.workspace, hidden=True).status == "failed"
+    alphametics = tasks["exercism/alphametics"]
+    ref = judge.run(alphametics, alphametics.reference, hidden=True)
+    tests = alphametics.hidden_tests.files["alphametics_test.py"]
+    assert tests.count("@unittest.skip(") == 1
+    assert ref.status == "passed" and ref.total == tests.count("    def test_") - 1, ref
 
 
 @pytest.mark.parametrize("kind", ["check", "io", "pytest"])

@@ -10,7 +10,8 @@ import re
 
 import pytest
 
-from pipeline.tasks import BUNDLED_DIR, BUNDLED_FILES, SOURCES, load_bundled
+from pipeline.tasks import BUNDLED_DIR, BUNDLED_FILES, SOURCES, TaskFormatError, load_bundled, load_source
+from pipeline.tasks.exercism import MISSING_TEST_HELPERS, SLOW_EXERCISES
 from pipeline.tasks.mbpp import BROKEN_REFERENCES, mbpp_original_split
 
 EXPECTED_COUNTS = {  # data/README.md
@@ -239,7 +240,9 @@ def test_exercism_tasks_show_their_test_files(bundled):
         assert task.split == "train"
         assert task.visible_tests == task.hidden_tests
         assert task.visible_tests.kind == "pytest"
-        assert dict(task.visible_tests.files) == row["test_files"]
+        slug = task.task_id.removeprefix("exercism/")
+        assert dict(task.visible_tests.files) == {**MISSING_TEST_HELPERS.get(slug, {}), **row["test_files"]}
+        assert task.meta.get("timeout_s") == SLOW_EXERCISES.get(slug)
         assert dict(task.workspace) == row["stub_files"]
         assert dict(task.reference) == row["reference_files"]
         assert row["instructions"].strip() in task.instructions
@@ -249,6 +252,55 @@ def test_exercism_tasks_show_their_test_files(bundled):
             )
     paasio = by_id(bundled["exercism"])["exercism/paasio"]
     assert set(paasio.hidden_tests.files) == {"paasio_test.py", "test_utils.py"}
+
+
+def test_error_handling_gets_its_missing_test_helper_beside_the_tests(bundled):
+    raw = raw_rows("exercism")["exercism/error-handling"]
+    assert "from test_utils import FileLike" in raw["test_files"]["error_handling_test.py"]
+    assert "test_utils.py" not in raw["test_files"] and not raw["extra_files"]  # the packed data lacks it
+    task = by_id(bundled["exercism"])["exercism/error-handling"]
+    assert set(task.hidden_tests.files) == {"error_handling_test.py", "test_utils.py"}
+    assert "test_utils.py" not in task.workspace and "test_utils.py" not in task.reference
+    assert "`test_utils.py`" not in task.instructions  # a helper, not a test the agent must pass
+
+
+def test_file_like_helper_behaves_as_the_tests_expect():
+    namespace: dict = {}
+    exec(MISSING_TEST_HELPERS["error-handling"]["test_utils.py"], namespace)
+    calm, failing = namespace["FileLike"](fail_something=False), namespace["FileLike"](fail_something=True)
+    assert (calm.is_open, calm.was_open, calm.did_something) == (False, False, False)
+    with calm as handle:
+        assert handle is calm and calm.is_open
+        handle.do_something()
+    assert (calm.is_open, calm.was_open, calm.did_something) == (False, True, True)
+    with pytest.raises(Exception, match=".+"), failing as handle:
+        handle.do_something()
+    assert (failing.is_open, failing.was_open, failing.did_something) == (False, True, True)
+
+
+def _exercism_row(test: str) -> dict:
+    return {
+        "task_id": "exercism/two-fer",
+        "instructions": "Say hi.",
+        "introduction": "",
+        "stub_files": {"two_fer.py": "def two_fer():\n    pass\n"},
+        "test_files": {"two_fer_test.py": test},
+        "reference_files": {"two_fer.py": "def two_fer():\n    return 'hi'\n"},
+        "extra_files": {},
+    }
+
+
+def test_exercism_tests_importing_a_file_nobody_ships_are_refused(tmp_path, jsonl):
+    fine = (
+        "import unittest\nimport pytest\nfrom two_fer import two_fer\n\ndef test_x():\n    assert two_fer()\n"
+    )
+    (task,) = load_source("exercism", jsonl(tmp_path / "ok.jsonl", [_exercism_row(fine)]))
+    assert set(task.hidden_tests.files) == {"two_fer_test.py"}
+    missing = "import unittest\nfrom two_fer import two_fer\nfrom helpers import Mock\n"
+    with pytest.raises(
+        TaskFormatError, match=r":1: test_files\['two_fer_test.py'\] line 3 imports 'helpers'"
+    ):
+        load_source("exercism", jsonl(tmp_path / "bad.jsonl", [_exercism_row(missing)]))
 
 
 @pytest.mark.parametrize("source", list(SOURCES))
