@@ -113,3 +113,62 @@ class TrainSettings(BaseModel):
     @property
     def clip_high(self) -> float:
         return self.eps_clip if self.eps_high is None else self.eps_high
+
+
+class OnlineSettings(BaseModel):
+    """Config section `online`: OpenRLHF Ray PPO knobs (the policy, episode, sandbox and credit sections of
+    the same file drive the environment and the estimator)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    pretrain: str = Field("", description="local HF checkpoint dir of the initial policy (empty: policy.checkpoint)")
+    save_path: str = Field("runs/online/final", description="where the trained policy is saved (HF format)")
+    ckpt_path: str = Field("runs/online/ckpt", description="DeepSpeed checkpoints (resume from here)")
+    work_dir: str = Field("runs/online", description="the prompt file (task ids) is written here")
+    # Placement
+    actor_num_nodes: int = Field(1, ge=1)
+    actor_num_gpus_per_node: int = Field(8, ge=1)
+    ref_num_nodes: int = Field(1, ge=1)
+    ref_num_gpus_per_node: int = Field(8, ge=1)
+    vllm_num_engines: int = Field(8, ge=1, description="vLLM engines generating the episodes")
+    vllm_tensor_parallel_size: int = Field(1, ge=1)
+    vllm_gpu_memory_utilization: float = Field(0.5, gt=0.0, le=1.0)
+    colocate_all: bool = Field(True, description="actor, reference and vLLM share the GPUs (hybrid engine)")
+    # DeepSpeed
+    zero_stage: Literal[0, 1, 2, 3] = 2
+    param_dtype: Literal["bf16", "fp16"] = "bf16"
+    attn_implementation: str = "flash_attention_2"
+    gradient_checkpointing: bool = True
+    adam_offload: bool = False
+    # Rollout and PPO
+    rollout_batch_size: int = Field(6, ge=1, description="tasks per training step (DESIGN.md: 6)")
+    micro_rollout_batch_size: int = Field(8, ge=1, description="rows per log-prob forward")
+    train_batch_size: int = Field(192, ge=1, description="rows per optimizer step")
+    micro_train_batch_size: int = Field(4, ge=1, description="rows per forward/backward")
+    max_len: int = Field(8192, ge=64, description="prompt + response tokens of one turn")
+    num_episodes: int = Field(1, ge=1, description="passes over the task prompts")
+    max_epochs: int = Field(1, ge=1, description="PPO epochs per rollout batch")
+    actor_lr: float = Field(1e-6, gt=0.0)
+    lr_warmup_ratio: float = Field(0.03, ge=0.0, le=1.0)
+    eps_clip: float = Field(0.2, gt=0.0, lt=1.0)
+    kl_coef: float = Field(1e-3, ge=0.0, description="KL(pi || ref) as a loss term (k3); 0 = no reference model")
+    entropy_coef: float = Field(0.0, ge=0.0)
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-mean"] = "token-mean"
+    seed: int = Field(42, ge=0)
+    save_steps: int = Field(20, description="-1 = only at the end")
+    logging_steps: int = Field(1, ge=1)
+    tensorboard_dir: str = Field("", description="empty: no TensorBoard")
+    extra_args: tuple[str, ...] = Field((), description="more train_ppo_ray flags, passed through verbatim")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> OnlineSettings:
+        if self.train_batch_size % self.micro_train_batch_size:
+            raise ValueError(
+                f"train_batch_size ({self.train_batch_size}) must be a multiple of micro_train_batch_size "
+                f"({self.micro_train_batch_size})"
+            )
+        for flag in ("--algo.dynamic_filtering_enable", "--train.async_enable", "--eval.dataset",
+                     "--algo.advantage.estimator", "--train.agent_func_path", "--ds.packing_samples"):
+            if any(a.split("=", 1)[0] == flag for a in self.extra_args):
+                raise ValueError(f"extra_args may not set {flag}: online mode sets or does not support it")
+        return self

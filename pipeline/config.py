@@ -1,0 +1,178 @@
+"""One config file drives every stage.
+
+The root model composes each stage's own settings model (each lives beside its stage in a leaf `settings`
+module that imports nothing but pydantic, frozen, `extra="forbid"`, validated). `load_config` reads YAML, applies `--set a.b=c` overrides, and turns any validation failure into a
+`ConfigError` that names the key path and says what is allowed.
+"""
+
+from __future__ import annotations
+
+import typing
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from pipeline.agent.settings import EpisodeSettings
+from pipeline.credit.settings import CreditSettings
+from pipeline.policy.settings import PolicySettings
+from pipeline.sandbox.settings import SandboxSettings
+from pipeline.schema import content_id
+from pipeline.tasks.settings import TasksSettings
+from pipeline.transforms.settings import PipelineSettings
+from training.settings import OnlineSettings, TrainSettings
+
+DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "local.yaml"
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used; the message names every offending key path."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class RunSettings(_Section):
+    run_id: str = Field("local", description="name of the run folder under `root`")
+    root: str = Field("runs", description="where runs/<run_id>/round=<k>/ tables are written")
+    seed: int = Field(0, ge=0, description="root seed; every other seed derives from it")
+    rounds: int = Field(1, ge=1, description="policy rounds for `didpo round`")
+
+    @field_validator("root")
+    @classmethod
+    def _local_root(cls, v: str) -> str:
+        if "://" in v:
+            raise ValueError("must be a local or mounted path: tables are written with atomic local renames, so a "
+                             "URL root (gs://, s3://) would scatter parts over workers' disks (docs/runners.md)")
+        return v
+
+    @field_validator("run_id")
+    @classmethod
+    def _safe_run_id(cls, v: str) -> str:
+        if not v or "/" in v or v.startswith("."):
+            raise ValueError("must be a plain folder name (no '/', not starting with '.')")
+        return v
+
+
+class EvalSettings(_Section):
+    """Quick held-out evaluation after each round (the same episodes and sandbox as rollouts)."""
+
+    max_tasks: int = Field(10, ge=1, description="held-out tasks evaluated per round (first N of tasks.eval)")
+    samples: int = Field(1, ge=1, description="episodes per task")
+    temperature: float = Field(0.0, ge=0.0, description="0 = greedy decoding, the usual pass@1 protocol")
+
+
+class LoggingSettings(_Section):
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    jsonl: bool = Field(True, description="write metrics.jsonl in the run folder")
+    tensorboard: bool = Field(False, description="also write TensorBoard event files")
+    progress: bool = Field(True, description="progress bars on long loops")
+
+
+class DidpoConfig(_Section):
+    """The resolved configuration of a run; every stage reads its own section."""
+
+    run: RunSettings = RunSettings()
+    tasks: TasksSettings = TasksSettings()
+    policy: PolicySettings = PolicySettings()
+    episode: EpisodeSettings = EpisodeSettings()
+    sandbox: SandboxSettings = SandboxSettings()
+    pipeline: PipelineSettings = PipelineSettings()
+    credit: CreditSettings = CreditSettings()
+    train: TrainSettings = TrainSettings()
+    eval: EvalSettings = EvalSettings()
+    online: OnlineSettings = OnlineSettings()
+    logging: LoggingSettings = LoggingSettings()
+
+
+# ---- loading --------------------------------------------------------------------------------------------
+
+
+def _set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    keys = dotted.split(".")
+    node = tree
+    for i, key in enumerate(keys[:-1]):
+        nxt = node.setdefault(key, {})
+        if not isinstance(nxt, dict):
+            raise ConfigError(f"--set {dotted}: {'.'.join(keys[: i + 1])} is not a section")
+        node = nxt
+    node[keys[-1]] = value
+
+
+def apply_overrides(tree: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """Apply `a.b=c` overrides; the value is parsed as YAML (`3` -> int, `[a, b]` -> list, `x` -> str)."""
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set {item!r}: expected KEY.PATH=VALUE")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError as e:
+            raise ConfigError(f"--set {item!r}: value is not valid YAML ({e})") from e
+        _set_path(tree, key.strip(), value)
+    return tree
+
+
+def _submodel(annotation: Any) -> type[BaseModel] | None:
+    """The BaseModel inside an annotation like `X`, `X | None`, `list[X]`."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        if found := _submodel(arg):
+            return found
+    return None
+
+
+def _allowed_keys(loc: Sequence[Any]) -> list[str]:
+    model: type[BaseModel] | None = DidpoConfig
+    for part in loc[:-1]:
+        if isinstance(part, int) or model is None:
+            continue
+        f = model.model_fields.get(part)
+        model = _submodel(f.annotation) if f else None
+    return sorted(model.model_fields) if model else []
+
+
+def explain(error: ValidationError, source: str) -> str:
+    lines = [f"invalid config {source}:"]
+    for err in error.errors():
+        path = ".".join(str(p) for p in err["loc"]) or "<root>"
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = f"unknown key; allowed here: {', '.join(_allowed_keys(err['loc']))}"
+        elif err["type"] == "missing":
+            msg = "required key is missing"
+        elif "input" in err and err["type"] not in ("model_type",):
+            msg = f"{msg} (got {err['input']!r})"
+        lines.append(f"  {path}: {msg}")
+    return "\n".join(lines)
+
+
+def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> DidpoConfig:
+    """Read a YAML config (default: configs/local.yaml), apply overrides, validate."""
+    src = Path(path) if path else DEFAULT_CONFIG
+    try:
+        tree = yaml.safe_load(src.read_text()) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"config file {src} does not exist") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{src}: not valid YAML: {e}") from e
+    if not isinstance(tree, dict):
+        raise ConfigError(f"{src}: the top level must be a mapping of sections")
+    apply_overrides(tree, overrides)
+    try:
+        return DidpoConfig.model_validate(tree)
+    except ValidationError as e:
+        raise ConfigError(explain(e, str(src))) from None
+
+
+def to_yaml(config: DidpoConfig) -> str:
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+
+
+def config_hash(config: DidpoConfig) -> str:
+    """Content hash of the resolved config (recorded in every manifest)."""
+    return content_id(config.model_dump(mode="json"))

@@ -1,0 +1,114 @@
+"""Every composite PTransform under TestPipeline (FnApiRunner: never Prism, which downloads a binary)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import apache_beam as beam
+import pytest
+from apache_beam.testing.test_pipeline import TestPipeline
+from apache_beam.testing.util import assert_that, equal_to, is_not_empty
+
+from pipeline import schema
+from pipeline.agent.episode import workspace_hash
+from pipeline.agent.grammar import apply_action, parse_response
+from pipeline.agent.settings import EpisodeSettings
+from pipeline.credit.settings import CreditSettings
+from pipeline.policy.handlers import make_handler
+from pipeline.policy.settings import PolicySettings
+from pipeline.rollout import row_id
+from pipeline.sandbox.settings import SandboxSettings
+from pipeline.tasks import load_source
+from pipeline.transforms.credit import DEAD, CreditUnits
+from pipeline.transforms.rollouts import Rollouts
+from pipeline.transforms.tables import ReadTable, WriteTable, shard_of
+
+STUB = "def add(a, b):\n    pass\n"
+FIX = "def add(a, b):\n    total = a + b\n    return total\n"
+OTHER = "def add(a, b):\n    return b - a\n"
+
+
+def _pipeline() -> TestPipeline:
+    return TestPipeline(runner="FnApiRunner")
+
+
+def _step(task_id: str, sample: int, code: str, reward: float, turn: int = 0) -> schema.StepRow:
+    """A step whose response rewrites solution.py with `code` (parsed and applied by the real grammar)."""
+    response = f"<think>rewrite it</think>\n<write path=\"solution.py\">\n{code}</write>"
+    action = parse_response(response)
+    before = {"solution.py": STUB}
+    after = apply_action(action, before, max_file_bytes=1 << 20)
+    traj = f"traj-{task_id}-{sample}"
+    starts = list(range(len(response)))  # one character per token keeps the offsets trivially exact
+    return schema.StepRow(
+        row_id=row_id(traj, turn), traj_id=traj, task_id=task_id, round=0, turn=turn, prompt_token_ids=[1],
+        response_token_ids=[5] * len(response), response_text=response, token_char_starts=starts,
+        token_char_ends=[s + 1 for s in starts], behavior_logprobs=[-1.0] * len(response), action_kind="write",
+        action_status="ok", action_json=schema_json(action), files_before=[{"path": "solution.py", "text": STUB}],
+        files_after=[{"path": "solution.py", "text": after["solution.py"]}],
+        workspace_hash_before=workspace_hash(before), workspace_hash_after=workspace_hash(after),
+        exec_status="passed" if reward else "failed", visible_passed=int(reward), visible_total=1,
+        step_reward=reward, return_to_go=reward, done=True,
+    )
+
+
+def schema_json(action) -> str:
+    from pipeline.agent.grammar import action_json
+
+    return action_json(action)
+
+
+def test_write_then_read_table_roundtrip(tmp_path):
+    rows = [_step("t/1", i, FIX, 1.0) for i in range(5)]
+    with _pipeline() as p:
+        written = p | beam.Create(rows) | WriteTable(tmp_path, "steps", key_fn=lambda r: r.traj_id, num_shards=3)
+        counts = written | beam.Map(lambda w: w[2]) | beam.CombineGlobally(sum)
+        assert_that(counts, equal_to([5]))
+    expected_parts = {f"part-{shard_of(r.traj_id, 3):05d}.parquet" for r in rows}
+    assert {p.name for p in (tmp_path / "steps").iterdir()} == expected_parts
+    with _pipeline() as p:
+        back = p | ReadTable(tmp_path, "steps") | beam.Map(lambda r: r.row_id)
+        assert_that(back, equal_to([r.row_id for r in rows]))
+
+
+def test_write_table_is_deterministic(tmp_path):
+    rows = [_step("t/1", i, FIX, 1.0) for i in range(4)]
+    for folder, order in (("a", rows), ("b", rows[::-1])):
+        with _pipeline() as p:
+            _ = p | beam.Create(order) | WriteTable(tmp_path / folder, "steps", key_fn=lambda r: r.traj_id,
+                                                    num_shards=2)
+    a = sorted((tmp_path / "a" / "steps").iterdir())
+    b = sorted((tmp_path / "b" / "steps").iterdir())
+    assert [f.read_bytes() for f in a] == [f.read_bytes() for f in b]
+
+
+def test_credit_units_groups_shared_changes_per_task_and_routes_bad_rows():
+    rows = [_step("t/1", i, FIX, 1.0) for i in range(3)] + [_step("t/1", 3, OTHER, 0.0)]
+    rows += [_step("t/2", i, FIX, float(i % 2)) for i in range(4)]
+    bad = dataclasses.replace(_step("t/2", 9, FIX, 1.0), action_json="{not json")
+    with _pipeline() as p:
+        out = p | beam.Create([*rows, bad]) | CreditUnits(CreditSettings())
+        anchors = out["anchors"] | "AnchorTasks" >> beam.Map(lambda a: (a["task_id"], a["n_rows"] >= 2))
+        assert_that(anchors | beam.Distinct(), equal_to([("t/1", True), ("t/2", True)]), label="anchors")
+        members = out["anchor_members"] | beam.Map(lambda m: m["row_id"]) | "Rows" >> beam.Distinct()
+        assert_that(members, is_not_empty(), label="members")
+        assert_that(out["subdiffs"] | beam.Map(lambda s: s["edit_type"]) | "Types" >> beam.Distinct(),
+                    equal_to(["add", "del"]), label="subdiffs")
+        assert_that(out[DEAD] | beam.Map(lambda d: (d.key, d.stage)), equal_to([(bad.row_id, "credit_inputs")]),
+                    label="dead")
+
+
+@pytest.mark.slow
+def test_rollouts_with_the_tiny_policy(tiny_policy):
+    tasks = load_source("mbpp", split="train", limit=1)
+    policy = PolicySettings(checkpoint=str(tiny_policy), size="tiny", max_new_tokens=24)
+    episode = EpisodeSettings(max_turns=2, max_response_tokens=24)
+    with _pipeline() as p:
+        out = p | beam.Create(tasks) | Rollouts(
+            handler=make_handler(policy), checkpoint=str(tiny_policy), policy_version="v0", run_id="t",
+            round_k=0, samples=2, root_seed=0, gamma=0.95, episode=episode, sandbox=SandboxSettings(pool_size=1))
+        trajs = out["trajectories"] | beam.Map(lambda t: (t.task_id, t.n_turns, t.sample_index))
+        assert_that(trajs, equal_to([(tasks[0].task_id, 2, 0), (tasks[0].task_id, 2, 1)]), label="trajs")
+        steps = out["steps"] | beam.Map(lambda s: (s.turn, len(s.response_token_ids) == len(s.token_char_starts)))
+        assert_that(steps, equal_to([(0, True), (0, True), (1, True), (1, True)]), label="steps")
+        assert_that(out["dead_letter"], equal_to([]), label="dead")

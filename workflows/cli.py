@@ -1,0 +1,123 @@
+"""`didpo`: the command line of the whole system.
+
+    didpo config show [--config F] [--set a.b=c]   the resolved config
+    didpo schema                                   the data contract
+    didpo tasks list|show                          task sources
+    didpo model init|info                          tiny offline policy checkpoints
+    didpo exec / didpo episode                     the sandboxed coding environment
+    didpo credit                                   re-run credit assignment on a steps table
+    didpo sql                                      DuckDB queries over a run's tables
+    didpo pipeline run                             one policy round of the Beam pipeline
+    didpo round                                    policy rounds: pipeline -> update -> evaluation
+    didpo online                                   online RL on GPUs (OpenRLHF Ray PPO + vLLM)
+    didpo demo                                     the main job on embedded defaults
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import typer
+
+from pipeline.config import ConfigError, load_config, to_yaml
+from workflows.credit_cmd import credit
+from workflows.env_cmd import episode_cmd, exec_cmd
+from workflows.model_cmd import model_app
+from workflows.pipeline_cmd import pipeline_app
+from workflows.sql_cmd import sql
+from workflows.tasks_cmd import tasks_app
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="DiDPO: diff-level credit assignment for RL on multi-turn coding agents.")
+config_app = typer.Typer(no_args_is_help=True, help="Show and check configuration.")
+app.add_typer(config_app, name="config")
+app.add_typer(tasks_app, name="tasks", help="Task sources: list and show tasks.")
+app.add_typer(model_app, name="model", help="Build and inspect offline policy checkpoints.")
+app.command("sql")(sql)
+app.command("exec")(exec_cmd)
+app.command("episode")(episode_cmd)
+app.command("credit")(credit)
+app.add_typer(pipeline_app, name="pipeline")
+
+ConfigOpt = typer.Option(None, "--config", "-c", help="YAML config (default: configs/local.yaml)")
+SetOpt = typer.Option([], "--set", help="override a key: --set credit.lam=0.6 (repeatable)")
+
+
+def load_or_exit(config: Path | None, overrides: list[str]):
+    """Load the config, or print the explanation and exit 2 (usage error)."""
+    try:
+        return load_config(config, overrides)
+    except ConfigError as e:
+        typer.echo(str(e), err=True)
+        raise typer.Exit(2) from None
+
+
+@config_app.command("show")
+def config_show(config: Path | None = ConfigOpt, overrides: list[str] = SetOpt) -> None:
+    """Print the resolved config (defaults filled in, overrides applied) as YAML."""
+    typer.echo(to_yaml(load_or_exit(config, overrides)), nl=False)
+
+
+@config_app.command("check")
+def config_check(config: Path | None = ConfigOpt, overrides: list[str] = SetOpt) -> None:
+    """Validate a config; exit 2 with every offending key if it is wrong."""
+    from pipeline.config import config_hash
+
+    cfg = load_or_exit(config, overrides)
+    typer.echo(f"ok: config hash {config_hash(cfg)}")
+
+
+@app.command("schema")
+def schema_cmd(table: list[str] = typer.Argument(None, help="tables to show (default: all)")) -> None:
+    """Print the data contract: every table's columns, types and meaning."""
+    from pipeline import schema
+
+    try:
+        typer.echo(schema.describe(table or schema.TABLES))
+    except schema.SchemaError as e:
+        typer.echo(str(e), err=True)
+        raise typer.Exit(2) from None
+
+
+@app.command("demo")
+def demo_cmd(config: Path | None = ConfigOpt, overrides: list[str] = SetOpt) -> None:
+    """The main job on embedded defaults: build the demo policy, run a pipeline round, print the report."""
+    from workflows.demo import run_demo
+
+    run_demo(load_or_exit(config, overrides))
+
+
+@app.command("round")
+def round_cmd(config: Path | None = ConfigOpt, overrides: list[str] = SetOpt,
+              rounds: int | None = typer.Option(None, help="policy rounds (default: run.rounds)")) -> None:
+    """Policy rounds: SFT once, then per round the pipeline, the update and a held-out evaluation (resumable)."""
+    from pipeline.telemetry import configure
+    from workflows.rounds import run_rounds
+
+    cfg = load_or_exit(config, overrides)
+    configure(cfg.logging.level)
+    run_rounds(cfg, rounds)
+
+
+@app.command("online")
+def online_cmd(config: Path = typer.Option(..., "--config", "-c", help="YAML config with an `online` section"),
+               overrides: list[str] = SetOpt,
+               ray_address: str | None = typer.Option(None, help="existing Ray cluster (default: a local one)"),
+               print_args: bool = typer.Option(False, help="print the OpenRLHF flags and exit")) -> None:
+    """Online RL on GPUs: OpenRLHF's Ray PPO trainer + vLLM with the DiDPO estimator (see docs/online.md)."""
+    from training.online import main as online_main
+
+    argv = ["--config", str(config), *(a for o in overrides for a in ("--set", o))]
+    argv += ["--ray-address", ray_address] if ray_address else []
+    online_main(argv + (["--print-args"] if print_args else []))
+
+
+def main() -> None:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    app()
+
+
+if __name__ == "__main__":
+    main()

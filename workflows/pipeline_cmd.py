@@ -1,0 +1,37 @@
+"""`didpo pipeline run`: one policy round of the Beam pipeline (stage 1), resumable."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+pipeline_app = typer.Typer(no_args_is_help=True, help="Run the Beam pipeline (rollouts -> credit -> advantages).")
+
+
+@pipeline_app.command("run", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def run_cmd(
+    ctx: typer.Context,
+    config: Path | None = typer.Option(None, "--config", "-c", help="YAML config (default: configs/local.yaml)"),
+    overrides: list[str] = typer.Option([], "--set", help="override a config key: --set a.b=c (repeatable)"),
+    round_k: int = typer.Option(0, "--round", help="policy round k"),
+    checkpoint: Path | None = typer.Option(None, help="policy checkpoint (default: policy.checkpoint)"),
+    runner: str | None = typer.Option(None, help="Beam runner: FnApiRunner, DirectRunner, DataflowRunner, ..."),
+) -> None:
+    """Run or resume a round; unknown options (--project=..., --region=...) pass through to Beam."""
+    from pipeline.run import RoundConflict, resolve_policy, run_round
+    from pipeline.tasks.settings import resolve_tasks
+    from workflows.cli import load_or_exit
+    from workflows.summary import print_round_summary
+
+    if runner:
+        overrides = [*overrides, f"pipeline.runner={runner}"]
+    cfg = load_or_exit(config, overrides)
+    ckpt = checkpoint or resolve_policy(cfg)
+    train, _ = resolve_tasks(cfg.tasks)
+    try:
+        result = run_round(cfg, round_k, ckpt, train, beam_args=list(ctx.args))
+    except RoundConflict as e:
+        typer.echo(str(e), err=True)
+        raise typer.Exit(1) from None
+    print_round_summary(result.round_dir)
