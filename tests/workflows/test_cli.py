@@ -1,0 +1,40 @@
+"""The `didpo` command line: config, schema and the mounted sub-commands."""
+
+from __future__ import annotations
+
+from typer.testing import CliRunner
+
+from workflows.cli import app
+
+runner = CliRunner()
+
+
+def test_config_show_applies_overrides():
+    result = runner.invoke(app, ["config", "show", "--set", "credit.lam=0.6"])
+    assert result.exit_code == 0, result.output
+    assert "lam: 0.6" in result.output and "runner: FnApiRunner" in result.output
+
+
+def test_config_check_refuses_a_typo_with_exit_2():
+    result = runner.invoke(app, ["config", "check", "--set", "credit.lamda=1"])
+    assert result.exit_code == 2
+    assert "credit.lamda: unknown key" in result.output
+
+
+def test_schema_lists_columns_and_refuses_unknown_tables():
+    result = runner.invoke(app, ["schema", "advantages"])
+    assert result.exit_code == 0 and "token_advantages" in result.output
+    bad = runner.invoke(app, ["schema", "nope"])
+    assert bad.exit_code == 2 and "unknown table 'nope'" in bad.output
+
+
+def test_every_command_is_mounted():
+    result = runner.invoke(app, ["--help"])
+    for command in ("config", "schema", "tasks", "model", "sql", "exec", "episode", "credit", "pipeline", "demo"):
+        assert command in result.output, command
+
+
+def test_tasks_list_humanevalfix_has_164():
+    result = runner.invoke(app, ["tasks", "list", "--source", "humanevalfix"])
+    assert result.exit_code == 0, result.output
+    assert "164" in result.output.splitlines()[-1]
