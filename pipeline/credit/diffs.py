@@ -79,14 +79,15 @@ class _Locator:
         needle = line.strip()
         if not needle or not self.regions:
             return None
+        # Reading order first: every region from its cursor, so a line written by a later edit block is not
+        # pinned on an earlier block's copy of the same text; only then the first occurrence anywhere.
         for exact in (line, needle):
-            for k, (base, text) in enumerate(self.regions):
-                at = text.find(exact, self.cursors[k])
-                if at < 0:
-                    at = text.find(exact)
-                if at >= 0:
-                    self.cursors[k] = at + len(exact)
-                    return base + at, base + at + len(exact)
+            for from_cursor in (True, False):
+                for k, (base, text) in enumerate(self.regions):
+                    at = text.find(exact, self.cursors[k] if from_cursor else 0)
+                    if at >= 0:
+                        self.cursors[k] = at + len(exact)
+                        return base + at, base + at + len(exact)
         return None
 
 

@@ -131,3 +131,15 @@ def test_subdiff_token_ranges_match_their_characters(same_function_batch):
         np.testing.assert_array_equal(tokens, exact)
         checked += 1
     assert checked == len(sub["row_id"]) > 10
+
+
+def test_locator_prefers_reading_order_across_edit_blocks():
+    from pipeline.credit.diffs import _Locator
+
+    response = "A: x = 1\ny = 2\nB: x = 1\n"
+    first, second = (3, 15), (18, 24)  # block A writes "x = 1\ny = 2", block B writes "x = 1"
+    loc = _Locator(response, [first, second])
+    assert loc.find("x = 1") == (3, 8)
+    assert loc.find("y = 2") == (9, 14)
+    # the third added line "x = 1" was written by block B: not block A's earlier copy
+    assert loc.find("x = 1") == (18, 23)
