@@ -22,6 +22,7 @@ import math
 import os
 import shutil
 import socket
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -360,6 +361,8 @@ def train_round(
     total_steps = steps_per_epoch * settings.epochs
     plan_id = _plan_id(data, settings)
     wall["load_s"] = time.perf_counter() - t0
+    if total_steps == 0:
+        return _nothing_to_train(init, out, data, wall, t_start)
 
     with _determinism(settings.deterministic, settings.seed):
         model = load_policy(init, dtype="float32", device=str(device))
@@ -495,6 +498,24 @@ def train_round(
         tmp = out / f".{REPORT_NAME}.tmp"
         tmp.write_text(report.to_json() + "\n")
         os.replace(tmp, out / REPORT_NAME)  # atomic: the report appears whole, after the checkpoint
+    return report
+
+
+def _nothing_to_train(init: Path, out: Path, data: Any, wall: dict[str, float], t_start: float) -> TrainReport:
+    """A round without one trainable row (e.g. every group had equal rewards): the policy carries over
+    unchanged, saved as this round's checkpoint, and the report says why (its counts)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    for f in init.iterdir():
+        if f.is_file():
+            shutil.copy2(f, tmp / f.name)
+    wall["total_s"] = time.perf_counter() - t_start
+    report = TrainReport(out_dir=str(out), completed=True, total_steps=0, steps_done=0, resumed_from_step=None,
+                         counts=data.counts.as_dict(), steps=[], wall=wall)
+    (tmp / REPORT_NAME).write_text(report.to_json() + "\n")
+    if out.exists():
+        out.rmdir()  # empty (checked by the caller)
+    os.replace(tmp, out)
     return report
 
 

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
 import torch
 
@@ -15,7 +16,7 @@ torch.set_num_threads(1)
 
 from pipeline.policy.loading import load_policy  # noqa: E402
 from pipeline.policy.tiny import build_checkpoint  # noqa: E402
-from pipeline.schema import SchemaError, content_id, table_dir, write_table  # noqa: E402
+from pipeline.schema import SchemaError, content_id, read_table, table_dir, write_table  # noqa: E402
 from training.data import BatchPlan, Cursor, load_round  # noqa: E402
 from training.settings import TrainSettings  # noqa: E402
 from training.trainer import (  # noqa: E402
@@ -252,3 +253,18 @@ def test_settings_refuse_impossible_values_with_a_message(bad, message):
         TrainSettings(**bad)
     ok = TrainSettings(eps_low=0.2, eps_high=0.28, policy_loss="gspo", loss_aggregation="seq_mean")
     assert (ok.clip_low, ok.clip_high) == (0.2, 0.28)
+
+
+def test_a_round_without_trainable_rows_carries_the_policy_over(ckpt, tmp_path):
+    root = write_round(tmp_path / "round", vocab_size(ckpt), n_rows=4)
+    adv_dir = table_dir(root, "advantages")
+    table = read_table(adv_dir, "advantages")
+    zero = [[0.0] * len(t) for t in table.column("token_advantages").to_pylist()]
+    idx = table.schema.get_field_index("token_advantages")
+    write_table(table.set_column(idx, table.schema.field(idx), pa.array(zero, pa.list_(pa.float32()))), adv_dir,
+                "advantages")
+    report = train_round(root, ckpt, tmp_path / "out", TrainSettings(**FAST))
+    assert report.completed and report.total_steps == 0 and report.counts["kept"] == 0
+    assert_same_weights(ckpt, tmp_path / "out")  # unchanged, and a loadable checkpoint
+    again = train_round(root, ckpt, tmp_path / "out", TrainSettings(**FAST))
+    assert again.total_steps == 0  # the stored report: a rerun does nothing
