@@ -1,0 +1,93 @@
+"""Config section `sft`: the cold-start supervised fine-tuning before RL (training/sft.py).
+
+The defaults are sized for the CPU demo (small preset, about 3-4 minutes of training on 2 cores): a few
+dozen optimizer steps at a high learning rate, enough for a randomly initialised policy to write actions
+that parse. On a GPU, raise `max_steps` (or unset it) and lower `lr`.
+"""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from pipeline.tasks.settings import TaskSourceSpec, TasksSettings
+
+# Kinds of demonstration episodes (see training/sft.py `sft_examples`).
+EPISODE_KINDS = ("write", "edit", "append", "repair")
+DEFAULT_MIX = MappingProxyType({"write": 0.2, "edit": 0.35, "append": 0.15, "repair": 0.3})
+
+
+def _default_tasks() -> TasksSettings:
+    return TasksSettings(
+        train=(TaskSourceSpec(source="mbpp", split="train"),),
+        eval=(TaskSourceSpec(source="mbpp", split="validation", limit=20),),
+    )
+
+
+class SftSettings(BaseModel):
+    """Frozen, validated settings of `training.sft` (examples, optimisation, held-out check)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    enabled: bool = Field(True, description="`didpo round` cold-starts the policy with SFT before round 0")
+    tasks: TasksSettings = Field(
+        default_factory=_default_tasks,
+        description="train: tasks whose reference solutions become demonstrations; eval: held-out prompts",
+    )
+    mix: dict[str, float] = Field(
+        default_factory=lambda: dict(DEFAULT_MIX),
+        description=f"relative weight of each demonstration kind ({', '.join(EPISODE_KINDS)})",
+    )
+    finish_rate: float = Field(
+        0.3, ge=0.0, le=1.0, description="share of solved episodes that go on with a <finish/> turn"
+    )
+    episodes_per_task: int = Field(1, ge=1, description="demonstration episodes drawn per training task")
+    lr: float = Field(3e-3, gt=0.0, lt=1.0, description="peak learning rate (AdamW)")
+    weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay")
+    warmup_steps: int = Field(5, ge=0, description="linear warmup from 0 to lr, in optimizer steps")
+    schedule: str = Field("cosine", description="after warmup: 'cosine' decay to min_lr_ratio*lr, or 'constant'")
+    min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0, description="cosine floor as a fraction of lr")
+    epochs: int = Field(1, ge=1, description="passes over the examples (cut short by max_steps)")
+    max_steps: int | None = Field(60, description="cap on optimizer steps; null = every epoch in full")
+    max_tokens_per_batch: int = Field(
+        4096, gt=0, description="token budget of one batch, counting padding (rows x longest row)"
+    )
+    grad_clip: float = Field(1.0, ge=0.0, description="global gradient-norm clip; 0 = off")
+    seed: int = Field(0, ge=0, description="seed of the example mix, batch order and weights' updates")
+
+    @field_validator("mix")
+    @classmethod
+    def _known_kinds(cls, mix: dict[str, float]) -> dict[str, float]:
+        unknown = sorted(set(mix) - set(EPISODE_KINDS))
+        if unknown:
+            raise ValueError(f"unknown demonstration kind(s) {unknown}; allowed: {', '.join(EPISODE_KINDS)}")
+        bad = {k: v for k, v in mix.items() if not 0.0 <= v < float("inf")}
+        if bad:
+            raise ValueError(f"mix weights must be finite and >= 0, got {bad}")
+        if sum(mix.values()) <= 0:
+            raise ValueError("mix needs at least one kind with a positive weight")
+        return mix
+
+    @field_validator("schedule")
+    @classmethod
+    def _schedule(cls, value: str) -> str:
+        if value not in ("cosine", "constant"):
+            raise ValueError(f"schedule must be 'cosine' or 'constant', got {value!r}")
+        return value
+
+    @field_validator("max_steps")
+    @classmethod
+    def _max_steps(cls, value: int | None) -> int | None:
+        if value is not None and value < 1:
+            raise ValueError(f"max_steps must be >= 1 or null (no cap), got {value}")
+        return value
+
+    @model_validator(mode="after")
+    def _warmup_fits(self) -> SftSettings:
+        if self.max_steps is not None and self.warmup_steps >= self.max_steps:
+            raise ValueError(
+                f"warmup_steps ({self.warmup_steps}) must be below max_steps ({self.max_steps}): "
+                "the learning rate would never reach its peak"
+            )
+        return self
