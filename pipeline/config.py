@@ -23,6 +23,7 @@ from pipeline.schema import content_id
 from pipeline.tasks.settings import TasksSettings
 from pipeline.transforms.settings import PipelineSettings
 from training.settings import OnlineSettings, TrainSettings
+from training.sft_settings import SftSettings
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "local.yaml"
 
@@ -82,6 +83,7 @@ class DidpoConfig(_Section):
     sandbox: SandboxSettings = SandboxSettings()
     pipeline: PipelineSettings = PipelineSettings()
     credit: CreditSettings = CreditSettings()
+    sft: SftSettings = SftSettings()
     train: TrainSettings = TrainSettings()
     eval: EvalSettings = EvalSettings()
     online: OnlineSettings = OnlineSettings()

@@ -8,7 +8,10 @@
     didpo credit                                   re-run credit assignment on a steps table
     didpo sql                                      DuckDB queries over a run's tables
     didpo pipeline run                             one policy round of the Beam pipeline
+    didpo sft                                      cold-start SFT on successful demonstrations
     didpo round                                    policy rounds: pipeline -> update -> evaluation
+    didpo eval                                     pass@k on benchmarks, multi-turn, in the sandbox
+    didpo report                                   an offline HTML report of a run
     didpo online                                   online RL on GPUs (OpenRLHF Ray PPO + vLLM)
     didpo demo                                     the main job on embedded defaults
 """
@@ -23,8 +26,11 @@ import typer
 from pipeline.config import ConfigError, load_config, to_yaml
 from workflows.credit_cmd import credit
 from workflows.env_cmd import episode_cmd, exec_cmd
+from workflows.eval_cmd import eval_cmd
 from workflows.model_cmd import model_app
 from workflows.pipeline_cmd import pipeline_app
+from workflows.report import report_cmd
+from workflows.sft_cmd import sft
 from workflows.sql_cmd import sql
 from workflows.tasks_cmd import tasks_app
 
@@ -38,6 +44,9 @@ app.command("sql")(sql)
 app.command("exec")(exec_cmd)
 app.command("episode")(episode_cmd)
 app.command("credit")(credit)
+app.command("sft")(sft)
+app.command("eval")(eval_cmd)
+app.command("report")(report_cmd)
 app.add_typer(pipeline_app, name="pipeline")
 
 ConfigOpt = typer.Option(None, "--config", "-c", help="YAML config (default: configs/local.yaml)")

@@ -30,7 +30,7 @@ def test_schema_lists_columns_and_refuses_unknown_tables():
 
 def test_every_command_is_mounted():
     result = runner.invoke(app, ["--help"])
-    for command in ("config", "schema", "tasks", "model", "sql", "exec", "episode", "credit", "pipeline", "demo"):
+    for command in ("config", "schema", "tasks", "model", "sql", "exec", "episode", "credit", "pipeline", "demo", "round", "sft", "eval", "report", "online"):
         assert command in result.output, command
 
 
