@@ -1,0 +1,140 @@
+"""`didpo eval`: benchmark pass@k of a policy with multi-turn self-repair episodes (pipeline/evaluation.py).
+
+    didpo eval --policy CKPT --benchmarks humaneval,humanevalplus,mbppplus,humanevalfix --turns 4 --samples 5
+
+1. The training pool (config `tasks.train`) is loaded; every benchmark task that poses one of its problems is
+   left out (`--on-overlap error` refuses instead) and the rest is checked disjoint from it.
+2. Each task gets `--samples` episodes of at most `--turns` turns, through the pipeline's rollout loop and the
+   sandbox. One sample: greedy (`eval.temperature`); several: sampled at `policy.temperature` unless
+   `--temperature` says otherwise (n identical greedy samples would make pass@k meaningless).
+3. pass@1 and pass@k (unbiased, from n samples) per benchmark and subset, invalid-action rate and mean turns:
+   printed, and written to <out>/eval_summary.parquet and <out>/eval_tasks.parquet (lost episodes:
+   <out>/dead_letter/).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from pipeline.config import ConfigError, DidpoConfig, load_config
+from pipeline.evaluation import SummaryRow
+
+DEFAULT_BENCHMARKS = "humaneval,humanevalplus,mbppplus,humanevalfix"
+
+
+def _fmt(x: float, spec: str) -> str:
+    return "-" if isinstance(x, float) and math.isnan(x) else format(x, spec)
+
+
+def render_table(rows: Sequence[SummaryRow], ks: Sequence[int], title: str) -> Table:
+    table = Table(title=title)
+    for name in ("benchmark", "subset", "tasks", *(f"pass@{k}" for k in ks), "invalid rate", "mean turns",
+                 "lost"):
+        table.add_column(name, justify="left" if name in ("benchmark", "subset") else "right")
+    for r in rows:
+        table.add_row(r.benchmark if r.subset == "all" else "", r.subset, str(r.tasks),
+                      *(_fmt(r.pass_at[k], ".3f") for k in ks), _fmt(r.invalid_rate, ".2f"),
+                      _fmt(r.mean_turns, ".2f"), str(r.lost_episodes))
+    return table
+
+
+def evaluate(cfg: DidpoConfig, policy: Path, benchmarks: Sequence[str], *, turns: int, samples: int,
+             temperature: float, ks: Sequence[int], limit: int | None, on_overlap: str, out: Path,
+             console: Console) -> list[SummaryRow]:
+    """Run the evaluation and write/print its tables; returns the summary rows."""
+    from pipeline.evaluation import (
+        run_benchmark_episodes,
+        select_benchmark_tasks,
+        summarize,
+        task_results,
+        write_results,
+    )
+    from pipeline.policy.generation import TransformersGenerator
+    from pipeline.policy.loading import load_policy, load_tokenizer
+    from pipeline.sandbox import Judge, SandboxPool
+
+    train = [t for spec in cfg.tasks.train for t in spec.load()]
+    selection = select_benchmark_tasks(benchmarks, train, limit=limit, on_overlap=on_overlap)
+    for name, n in selection.excluded.items():
+        if n:
+            console.print(f"{name}: {n} task(s) pose a training problem (tasks.train) and are left out")
+    tasks = selection.all_tasks
+    console.print(f"evaluating {policy} on {len(tasks)} tasks x {samples} sample(s), <= {turns} turns, "
+                  f"temperature {temperature:g}")
+    settings = cfg.policy.model_copy(update={"checkpoint": str(policy), "temperature": temperature})
+    episode = cfg.episode.model_copy(update={"max_turns": turns,
+                                             "min_turns_before_finish": min(cfg.episode.min_turns_before_finish,
+                                                                            turns)})
+    tokenizer = load_tokenizer(policy)
+    generator = TransformersGenerator(load_policy(policy, dtype=settings.dtype, device=settings.device),
+                                      tokenizer, settings)
+    start = time.perf_counter()
+    with SandboxPool(cfg.sandbox) as pool:
+        trajs, steps, dead = run_benchmark_episodes(
+            tasks, generator.generate, tokenizer, Judge(pool), episode, samples=samples, seed=cfg.run.seed,
+            gamma=cfg.credit.gamma, batch_size=cfg.pipeline.max_batch_size)
+    wall = time.perf_counter() - start
+    results = task_results(selection.tasks, trajs, steps)
+    rows = summarize(results, samples=samples, ks=ks)
+    written = write_results(out, rows, results, ks, dead)
+    console.print(render_table(rows, ks, f"benchmark evaluation of {policy}"))
+    console.print(f"{len(trajs)} episodes, {len(steps)} steps, {len(dead)} lost to the sandbox, "
+                  f"{wall:.1f} s; tables: {', '.join(str(p) for p in written.values())}")
+    for d in dead:
+        console.print(f"lost: {d.key}: {d.reason}")
+    return rows
+
+
+def eval_cmd(
+    policy: Path = typer.Option(..., "--policy", help="policy checkpoint directory"),
+    benchmarks: str = typer.Option(DEFAULT_BENCHMARKS, help="comma-separated task sources"),
+    turns: int | None = typer.Option(None, min=1, help="turns per episode (default: episode.max_turns)"),
+    samples: int = typer.Option(1, min=1, help="episodes per task (n of pass@k)"),
+    k: str | None = typer.Option(None, help="comma-separated k values (default: 1, 5, 10, 100 up to n)"),
+    temperature: float | None = typer.Option(None, min=0.0, help="sampling temperature (default: see above)"),
+    limit: int | None = typer.Option(None, min=1, help="first N tasks of each benchmark"),
+    on_overlap: str = typer.Option("exclude", help="tasks posing a training problem: exclude | error"),
+    out: Path | None = typer.Option(None, help="results folder (default: <run.root>/<run.run_id>/eval)"),
+    config: Path | None = typer.Option(None, "--config", "-c", help="YAML config (default: configs/local.yaml)"),
+    overrides: list[str] = typer.Option([], "--set", help="override a config key (repeatable)"),
+) -> None:
+    """Benchmark pass@1 / pass@k with multi-turn self-repair episodes in the sandbox."""
+    from pipeline.evaluation import default_ks, parse_benchmarks
+
+    try:
+        cfg = load_config(config, overrides)
+    except ConfigError as e:
+        typer.echo(str(e), err=True)
+        raise typer.Exit(2) from None
+    try:
+        names = parse_benchmarks(benchmarks)
+        ks = sorted({int(x) for x in k.split(",") if x.strip()}) if k else list(default_ks(samples))
+    except ValueError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+    bad = [x for x in ks if not 1 <= x <= samples]
+    if not ks or bad:
+        typer.echo(f"error: --k values must lie in 1..{samples} (--samples), got {k!r}", err=True)
+        raise typer.Exit(2)
+    if on_overlap not in ("exclude", "error"):
+        typer.echo(f"error: --on-overlap must be 'exclude' or 'error', got {on_overlap!r}", err=True)
+        raise typer.Exit(2)
+    if temperature is None:
+        temperature = cfg.eval.temperature if samples == 1 else cfg.policy.temperature
+    if samples > 1 and temperature == 0.0:
+        typer.echo("error: several samples at temperature 0 are identical; pass --temperature > 0", err=True)
+        raise typer.Exit(2)
+    out = out or Path(cfg.run.root) / cfg.run.run_id / "eval"
+    try:
+        evaluate(cfg, policy, names, turns=turns or cfg.episode.max_turns, samples=samples,
+                 temperature=temperature, ks=ks, limit=limit, on_overlap=on_overlap, out=out, console=Console())
+    except (ValueError, FileNotFoundError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1) from None
