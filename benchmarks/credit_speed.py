@@ -13,6 +13,9 @@ with difflib's ratio. The naive baseline is run in full only up to NAIVE_PAIR_CA
 times a fixed random sample of pairs and the table marks the figure "est" (pairs x measured time per pair).
 The credit stage's per-text caches are cleared before every timed run (each run is a cold batch).
 
+Beside didpo (the default estimator), the same batches are timed with didpo_did (columns did_sec,
+did/didpo; target: within 1.5x of didpo on the paper batch).
+
 Targets: paper batch < 1 s; growth exponent (log-log slope of seconds vs rows, 8 -> 128 rollouts) <= 1.15.
 Last line: `credit_speed: paper_batch_s=<float> exponent=<float> coverage=<float> naive_ratio=<float>`.
 Run: `.venv/bin/python benchmarks/credit_speed.py [--quick]`.
@@ -239,6 +242,13 @@ def _measure(n_rollouts: int, queue) -> None:
         result = compute_credit(steps, settings)
         times.append(time.perf_counter() - start)
     peak = _rss_kib("VmHWM") if reset else 0
+    did_settings = settings.model_copy(update={"estimator": "didpo_did"})
+    did_times = []
+    for _ in range(3):  # the didpo_did estimator on the same cold batch (it shares every phase but the last)
+        clear_caches()
+        start = time.perf_counter()
+        compute_credit(steps, did_settings)
+        did_times.append(time.perf_counter() - start)
     naive_s, pairs, estimated = _naive(steps, result, settings)
     d = result.diagnostics
     queue.put(
@@ -250,6 +260,7 @@ def _measure(n_rollouts: int, queue) -> None:
             anchors=d.n_anchors,
             coverage=d.coverage,
             seconds=statistics.median(times),
+            did_seconds=statistics.median(did_times),
             peak_mib=max(0, peak - base) / 1024,
             naive_s=naive_s,
             naive_pairs=pairs,
@@ -280,14 +291,15 @@ def main() -> None:
     results = run(sizes)
     header = (
         f"{'rollouts':>8} {'rows':>6} {'cands':>7} {'uniq':>6} {'anchors':>7} {'cover':>6} {'sec':>7} "
-        f"{'peakMiB':>8} {'naive_s':>9} {'pairs':>11} {'naive/ours':>10}"
+        f"{'did_sec':>7} {'did/didpo':>9} {'peakMiB':>8} {'naive_s':>9} {'pairs':>11} {'naive/ours':>10}"
     )
     print(header)
     for r in results:
         tag = " est" if r["naive_est"] else ""
         print(
             f"{r['rollouts']:>8} {r['rows']:>6} {r['candidates']:>7} {r['unique']:>6} {r['anchors']:>7} "
-            f"{r['coverage']:>6.3f} {r['seconds']:>7.3f} {r['peak_mib']:>8.1f} {r['naive_s']:>9.2f}{tag} "
+            f"{r['coverage']:>6.3f} {r['seconds']:>7.3f} {r['did_seconds']:>7.3f} "
+            f"{r['did_seconds'] / r['seconds']:>9.2f} {r['peak_mib']:>8.1f} {r['naive_s']:>9.2f}{tag} "
             f"{r['naive_pairs']:>11} {r['naive_s'] / r['seconds']:>10.1f}"
         )
         if args.phases:
@@ -310,6 +322,10 @@ def main() -> None:
     paper = next(r for r in results if r["rollouts"] == PAPER_ROLLOUTS)
     print(
         f"growth exponent (seconds vs rows, log-log fit): {exponent:.3f}; peak-memory exponent: {mem_exp:.3f}"
+    )
+    print(
+        f"didpo_did on the paper batch: {paper['did_seconds']:.4f} s = "
+        f"{paper['did_seconds'] / paper['seconds']:.2f}x didpo's {paper['seconds']:.4f} s (target <= 1.5x)"
     )
     print(
         f"credit_speed: paper_batch_s={paper['seconds']:.4f} exponent={exponent:.4f} "

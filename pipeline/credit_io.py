@@ -31,7 +31,15 @@ def step_input(record: Mapping[str, Any], source: str = "<steps>") -> StepInput:
         token_char_starts=record["token_char_starts"], token_char_ends=record["token_char_ends"], edits=edits,
         files_before=files_map(record["files_before"]), files_after=files_map(record["files_after"]),
         workspace_hash_before=record["workspace_hash_before"],
+        visible_pass_fraction=_pass_fraction(record.get("visible_passed"), record.get("visible_total")),
     )
+
+
+def _pass_fraction(passed: Any, total: Any) -> float | None:
+    """visible_passed / visible_total of a steps row; None when the row has no visible tests recorded."""
+    if passed is None or not total:
+        return None
+    return min(1.0, max(0.0, float(passed) / float(total)))
 
 
 def step_inputs(records: Iterable[Mapping[str, Any]], source: str = "<steps>") -> list[StepInput]:

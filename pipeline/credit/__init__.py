@@ -6,6 +6,7 @@ algorithm in numbered steps and DESIGN.md "The algorithm".
 
 from pipeline.credit.anchors import groupability
 from pipeline.credit.batch import CreditResult, compute_credit
+from pipeline.credit.did import fit_effects  # importing it registers the didpo_did estimator
 from pipeline.credit.estimators import ESTIMATORS, EstimatorBatch, EstimatorOutput, register_estimator
 from pipeline.credit.inputs import CreditInputError, Edit, StepInput, edits_from_action
 from pipeline.credit.projection import pad_token_batch
@@ -35,6 +36,7 @@ __all__ = [
     "StepInput",
     "compute_credit",
     "edits_from_action",
+    "fit_effects",
     "groupability",
     "pad_token_batch",
     "register_estimator",

@@ -51,6 +51,7 @@ class StepInput:
     files_after: Mapping[str, str] = field(default_factory=dict)  # the same files after it (absent: deleted)
     workspace_hash_before: str = ""  # identical hashes = identical states (GiGPO groups); "" = unknown
     loss_mask: np.ndarray | None = None  # [T] 0/1 per response token; None = all ones
+    visible_pass_fraction: float | None = None  # visible tests passed / total after the step; None = unknown
 
     def __post_init__(self) -> None:
         starts = np.asarray(self.token_char_starts, dtype=np.int64).reshape(-1)
@@ -82,6 +83,9 @@ def validate_step(step: StepInput, check_offsets: bool = True) -> None:
     reward = step.step_reward
     if reward is None or not isinstance(reward, int | float) or not math.isfinite(float(reward)):
         raise CreditInputError(f"{where}: step_reward is {reward!r}; a finite number is required")
+    vpf = step.visible_pass_fraction
+    if vpf is not None and not (isinstance(vpf, int | float) and 0.0 <= float(vpf) <= 1.0):
+        raise CreditInputError(f"{where}: visible_pass_fraction is {vpf!r}; a number in [0, 1] or None")
     if not step.row_id or not step.traj_id or not step.task_id:
         raise CreditInputError(f"{where}: row_id, traj_id and task_id must be non-empty")
     starts, ends = step.token_char_starts, step.token_char_ends

@@ -73,6 +73,7 @@ _EXPECTED = {
     # centred [1, -1, 0, 2, -2] whitened over the batch: std sqrt(2)
     "reinforce_pp_baseline": [x / (math.sqrt(2) + 1e-6) for x in (1.0, -1.0, 0.0, 2.0, -2.0)],
     "didpo": [1.0, -1.0, 0.0, 2.0, -2.0],  # no edits, no anchors: the episode term only
+    "didpo_did": [1.0, -1.0, 0.0, 2.0, -2.0],  # no anchors, no changed tokens: the episode term only
     "gigpo": [1.0, -1.0, 0.0, 2.0, -2.0],  # every state seen once: A^S = 0
 }
 
