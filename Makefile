@@ -13,6 +13,8 @@ export TRANSFORMERS_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export PYTHONHASHSEED := 0
+# One torch thread: on a 2-core box the sandbox workers need the other core; two threads run 5-25x slower.
+export OMP_NUM_THREADS := 1
 
 .PHONY: setup demo test bench lint clean
 

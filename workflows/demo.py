@@ -1,14 +1,16 @@
 """`make demo`: the main job on embedded defaults (bundled tasks, small CPU policy), end to end.
 
 1. Build the demo policy offline (`didpo model init`) unless it exists.
-2. Load the bundled training tasks from the config.
-3. Run a pipeline round: rollouts in the sandbox -> sub-diffs -> LSH anchors -> DuckDB advantages -> Parquet.
-4. Print what happened and where the tables are.
+2. Cold-start it with SFT on demonstrations in the action grammar.
+3. Policy rounds: the Beam pipeline (rollouts in the sandbox -> sub-diffs -> LSH anchors -> DuckDB
+   advantages -> Parquet), the OpenRLHF-based update, a held-out evaluation.
+4. Print the last round's pipeline summary and the per-round table; write the HTML report.
 """
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from rich.console import Console
 
@@ -17,19 +19,20 @@ from pipeline.telemetry import configure
 
 
 def run_demo(cfg: DidpoConfig) -> None:
-    from pipeline.run import resolve_policy, run_round
-    from pipeline.tasks.settings import resolve_tasks
+    from pipeline import schema
+    from workflows.report import build_report
+    from workflows.rounds import run_rounds
     from workflows.summary import print_round_summary
 
     configure(cfg.logging.level)
     console = Console()
     start = time.perf_counter()
-    checkpoint = resolve_policy(cfg)
-    console.print(f"[bold]policy[/] {checkpoint} ({cfg.policy.size}, built offline, loaded with from_pretrained)")
-    train, evaluation = resolve_tasks(cfg.tasks)
-    console.print(f"[bold]tasks[/] {len(train)} training, {len(evaluation)} held-out (disjoint)")
-    result = run_round(cfg, 0, checkpoint, train)
-    summary = print_round_summary(result.round_dir, console)
-    console.print(f"tables: {result.round_dir}/<table>/part-*.parquet  (query them: didpo sql NAME --run "
-                  f"{result.round_dir}); {summary.steps} training rows in "
-                  f"{time.perf_counter() - start:.0f}s")
+    rows = run_rounds(cfg, cfg.run.rounds, console)
+    run_dir = Path(cfg.run.root) / cfg.run.run_id
+    last = schema.round_dir(cfg.run.root, cfg.run.run_id, rows[-1].round)
+    print_round_summary(last, console)
+    report = build_report([run_dir], run_dir / "report", steps=[], explore_count=5)
+    console.print(f"[bold]done in {time.perf_counter() - start:.0f}s[/]")
+    console.print(f"tables:  {run_dir}/round=<k>/<table>/part-*.parquet   (didpo sql NAME --run {last})")
+    console.print(f"rounds:  {run_dir}/rounds.csv")
+    console.print(f"report:  {report.page}")
