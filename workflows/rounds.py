@@ -132,14 +132,21 @@ def write_rounds_table(rows: list[RoundRow], run_dir: Path) -> None:
 
 
 def print_rounds_table(rows: list[RoundRow], console: Console) -> None:
-    table = Table(title="policy rounds")
-    columns = [("round", "{}"), ("mean_return", "{:+.3f}"), ("rollout_pass_rate", "{:.2f}"),
-               ("invalid_rate", "{:.2f}"), ("anchors", "{}"), ("coverage", "{:.2f}"), ("mixed_groups", "{:.2f}"),
-               ("loss", "{:+.4f}"), ("approx_kl", "{:.2e}"), ("heldout_pass_rate", "{:.2f}"),
-               ("heldout_invalid_rate", "{:.2f}"), ("pipeline_s", "{:.0f}"), ("train_s", "{:.0f}"),
-               ("eval_s", "{:.0f}")]
-    for name, _ in columns:
-        table.add_column(name.replace("_", " "), justify="right")
+    """One column per round, one line per metric: readable at any terminal width."""
+    lines = [("mean return (rollouts)", "mean_return", "{:+.3f}"), ("pass rate (rollouts)", "rollout_pass_rate", "{:.2f}"),
+             ("invalid-action rate", "invalid_rate", "{:.2f}"), ("anchors", "anchors", "{}"),
+             ("coverage of changed code", "coverage", "{:.2f}"), ("mixed-outcome groups", "mixed_groups", "{:.2f}"),
+             ("update loss", "loss", "{:+.4f}"), ("approx KL", "approx_kl", "{:.2e}"),
+             ("held-out pass rate", "heldout_pass_rate", "{:.2f}"),
+             ("held-out invalid rate", "heldout_invalid_rate", "{:.2f}"), ("pipeline s", "pipeline_s", "{:.0f}"),
+             ("train s", "train_s", "{:.0f}"), ("eval s", "eval_s", "{:.0f}")]
+    est = rows[0] if rows else None
+    title = f"policy rounds ({est.estimator}, lambda {est.lam})" if est else "policy rounds"
+    table = Table(title=title)
+    table.add_column("metric")
     for r in rows:
-        table.add_row(*(fmt.format(getattr(r, name)) for name, fmt in columns))
+        table.add_column(f"round {r.round}", justify="right")
+    for label, name, fmt in lines:
+        values = [getattr(r, name) for r in rows]
+        table.add_row(label, *("-" if v != v else fmt.format(v) for v in values))  # NaN: no update steps
     console.print(table)
