@@ -29,7 +29,7 @@ $(STAMP): pyproject.toml
 	# torch first and on its own: the CPU wheel; a plain requirement would pull a CUDA build
 	$(PIP) install -q $(TORCH)
 	# flash-attn's Python side only (no CUDA build) so openrlhf imports on CPU; see DEVELOPERS.md
-	$(PY) -c "import flash_attn" 2>/dev/null || FLASH_ATTENTION_SKIP_CUDA_BUILD=TRUE FLASH_ATTENTION_FORCE_BUILD=TRUE \
+	$(PY) -c "import importlib.metadata as m; m.version('flash-attn')" 2>/dev/null || FLASH_ATTENTION_SKIP_CUDA_BUILD=TRUE FLASH_ATTENTION_FORCE_BUILD=TRUE \
 	  $(PIP) install -q --no-build-isolation --no-deps $(FLASH_ATTN)
 	$(PIP) install -q -e ".[train,dev]"
 	@touch $(STAMP)
