@@ -310,14 +310,15 @@ def apply_action(action: Action, files: Mapping[str, str], *, max_file_bytes: in
             return InvalidAction("file_not_found", f"{e.path} does not exist (use <write> to create it)",
                                  e.replace_span[0])
         elif e.op == "replace":
-            n = old.count(e.search)
-            if n == 0:
+            at = old.find(e.search)
+            if at < 0:
                 return InvalidAction("search_not_found", f"search text not found in {e.path}",
                                      e.search_span[0] if e.search_span else -1)
-            if n > 1:
-                return InvalidAction("search_ambiguous", f"search text occurs {n} times in {e.path}",
+            # a second match may overlap the first ("\n\n" in "\n\n\n"): str.count would miss it
+            if old.find(e.search, at + 1) >= 0:
+                return InvalidAction("search_ambiguous", f"search text occurs more than once in {e.path}",
                                      e.search_span[0] if e.search_span else -1)
-            text = old.replace(e.search, e.replace, 1)
+            text = old[:at] + e.replace + old[at + len(e.search):]
         else:
             body = e.replace if not e.replace or e.replace.endswith("\n") else e.replace + "\n"
             lines = old.splitlines(keepends=True)

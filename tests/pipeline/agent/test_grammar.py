@@ -171,3 +171,13 @@ def test_fuzz_mutated_responses(action, mutations):
         text = text[:pos] + insert + text[pos + cut:]
     _check_total(parse_response(text))
     _check_total(parse_action(text, FILES, max_file_bytes=1000, truncated=bool(mutations)))
+
+
+def test_overlapping_search_matches_are_ambiguous():
+    files = {"n.txt": "aaa\n"}  # "aa" occurs twice, overlapping: str.count says once
+    r = parse_action('<think>t</think><edit path="n.txt"><search>aa</search><replace>b</replace></edit>',
+                     files, max_file_bytes=1000)
+    assert isinstance(r, InvalidAction) and r.reason == "search_ambiguous", r
+    ok = parse_action('<think>t</think><edit path="n.txt"><search>aaa</search><replace>b</replace></edit>',
+                      files, max_file_bytes=1000)
+    assert ok.ok and apply_action(ok, files, max_file_bytes=1000) == {"n.txt": "b\n"}
