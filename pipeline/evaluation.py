@@ -20,7 +20,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.schema import DeadLetterRow, StepRow, TrajectoryRow, _atomic_write, write_table
+from pipeline.schema import DeadLetterRow, StepRow, TrajectoryRow, atomic_write, write_table
 from pipeline.tasks import SOURCES, Task, check_disjoint, load_source, problem_key
 
 # The task-meta field that splits a benchmark into subsets (what the loaders record); others report "all".
@@ -226,6 +226,6 @@ def write_results(out_dir: str | Path, rows: Sequence[SummaryRow], results: Sequ
     written = {"dead_letter": write_table(list(dead), out / "dead_letter", "dead_letter")}
     for name, table in tables.items():
         dest = out / f"{name}.parquet"
-        _atomic_write(dest, lambda tmp, table=table: pq.write_table(table, tmp))
+        atomic_write(dest, lambda tmp, table=table: pq.write_table(table, tmp))
         written[name] = dest
     return written

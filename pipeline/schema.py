@@ -299,7 +299,7 @@ def read_rows(path: str | Path, table: str) -> list[Any]:
     return [row_type(**r) for r in read_table(path, table).to_pylist()]
 
 
-def _atomic_write(dest: Path, write: Any) -> None:
+def atomic_write(dest: Path, write: Any) -> None:
     """Write via a temp file in the same folder, fsync, then rename: readers see all or nothing."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
@@ -323,7 +323,7 @@ def write_table(data: pa.Table | Iterable[Any], folder: str | Path, table: str, 
     arrow = conform(table, data) if isinstance(data, pa.Table) else to_arrow(table, data)
     name = f"part-{part:05d}.parquet" if isinstance(part, int) else f"part-{part}.parquet"
     dest = Path(folder) / name
-    _atomic_write(dest, lambda tmp: pq.write_table(arrow, tmp, compression="zstd"))
+    atomic_write(dest, lambda tmp: pq.write_table(arrow, tmp, compression="zstd"))
     return dest
 
 
@@ -373,7 +373,7 @@ MANIFEST_NAME = "manifest.json"
 def write_manifest(manifest: Manifest, round_path: str | Path) -> Path:
     dest = Path(round_path) / MANIFEST_NAME
     text = json.dumps(dataclasses.asdict(manifest), indent=2, sort_keys=True)
-    _atomic_write(dest, lambda tmp: Path(tmp).write_text(text + "\n"))
+    atomic_write(dest, lambda tmp: Path(tmp).write_text(text + "\n"))
     return dest
 
 

@@ -404,7 +404,7 @@ def train_sft(checkpoint_in: str | os.PathLike[str], out_dir: str | os.PathLike[
     from pipeline.policy.loading import check_checkpoint, load_policy
     from pipeline.telemetry import MetricsLog, progress
     from training.data import TrainRow, collate, epoch_plan, pack_by_length
-    from training.trainer import _copy_tokenizer, lr_factor
+    from training.trainer import copy_tokenizer, lr_factor
 
     t_start = time.perf_counter()
     init = check_checkpoint(checkpoint_in)
@@ -480,7 +480,7 @@ def train_sft(checkpoint_in: str | os.PathLike[str], out_dir: str | os.PathLike[
             train_s = time.perf_counter() - t_train
         t0 = time.perf_counter()
         model.save_pretrained(staging)
-        _copy_tokenizer(init, staging)
+        copy_tokenizer(init, staging)
         save_s = time.perf_counter() - t0
         tail = steps[-5:]
         report = SftReport(

@@ -295,7 +295,7 @@ def _save_state(engine: Any, state_dir: Path, step: int, cursor: Cursor, plan_id
             shutil.rmtree(old, ignore_errors=True)
 
 
-def _copy_tokenizer(src: Path, dst: Path) -> None:
+def copy_tokenizer(src: Path, dst: Path) -> None:
     for f in src.iterdir():
         if f.is_file() and f.name.startswith(_TOKENIZER_PREFIXES):
             shutil.copy2(f, dst / f.name)
@@ -480,7 +480,7 @@ def train_round(
         completed = step >= total_steps
         if completed:
             engine.module.model.save_pretrained(out)
-            _copy_tokenizer(init, out)
+            copy_tokenizer(init, out)
         wall["save_s"] += time.perf_counter() - t0
 
     wall["total_s"] = time.perf_counter() - t_start

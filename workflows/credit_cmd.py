@@ -11,8 +11,6 @@ re-run credit assignment with other settings without regenerating rollouts.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Annotated
 
@@ -22,7 +20,7 @@ from pydantic import ValidationError
 from pipeline.credit import CreditInputError, CreditResult, CreditSettings, compute_credit
 from pipeline.credit_io import CREDIT_TABLES as OUTPUT_TABLES
 from pipeline.credit_io import result_tables, steps_from_table
-from pipeline.schema import SchemaError, read_table, write_table
+from pipeline.schema import SchemaError, atomic_write, read_table, write_table
 
 __all__ = ["OUTPUT_TABLES", "credit", "result_tables", "steps_from_table", "write_credit"]
 
@@ -31,11 +29,8 @@ def write_credit(result: CreditResult, out: Path) -> None:
     """Write the four tables and the diagnostics JSON under `out` (each file atomically)."""
     for name, table in result_tables(result).items():
         write_table(table, out / name, name)
-    out.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".credit_diagnostics.", suffix=".tmp", dir=out)
-    with os.fdopen(fd, "w") as fh:
-        json.dump(result.diagnostics.to_dict(), fh, indent=2, sort_keys=True)
-    os.replace(tmp, out / "credit_diagnostics.json")
+    text = json.dumps(result.diagnostics.to_dict(), indent=2, sort_keys=True)
+    atomic_write(out / "credit_diagnostics.json", lambda tmp: Path(tmp).write_text(text))
 
 
 def credit(

@@ -479,12 +479,12 @@ def build_report(runs: Sequence[str | Path], out: str | Path, *, steps: Sequence
     pngs = []
     for f in figs:
         dest = out / f"{f.name}.png"
-        schema._atomic_write(dest, lambda tmp, f=f: Path(tmp).write_bytes(f.png))
+        schema.atomic_write(dest, lambda tmp, f=f: Path(tmp).write_bytes(f.png))
         dest.chmod(0o644)  # readable by the web server or colleague that opens the page
         pngs.append(dest)
     page = out / "index.html"
     text = render_page(arms, figs, missing, explored)
-    schema._atomic_write(page, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+    schema.atomic_write(page, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
     page.chmod(0o644)
     return Report(page, pngs, arms, explored)
 

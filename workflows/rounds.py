@@ -122,13 +122,13 @@ def write_rounds_table(rows: list[RoundRow], run_dir: Path) -> None:
     """runs/<run_id>/rounds.parquet and rounds.csv: one line per round."""
     if not rows:
         return
-    table = pa.Table.from_pylist([r.__dict__ for r in rows])
-    run_dir.mkdir(parents=True, exist_ok=True)
     import pyarrow.parquet as pq
 
-    pq.write_table(table, run_dir / "rounds.parquet")
-    pacsv.write_csv(table, run_dir / "rounds.csv")
-    (run_dir / "rounds.json").write_text(json.dumps([r.__dict__ for r in rows], indent=2) + "\n")
+    table = pa.Table.from_pylist([r.__dict__ for r in rows])
+    text = json.dumps([r.__dict__ for r in rows], indent=2) + "\n"
+    schema.atomic_write(run_dir / "rounds.parquet", lambda tmp: pq.write_table(table, tmp))
+    schema.atomic_write(run_dir / "rounds.csv", lambda tmp: pacsv.write_csv(table, tmp))
+    schema.atomic_write(run_dir / "rounds.json", lambda tmp: Path(tmp).write_text(text))
 
 
 def print_rounds_table(rows: list[RoundRow], console: Console) -> None:
