@@ -10,6 +10,7 @@
     didpo pipeline run                             one policy round of the Beam pipeline
     didpo sft                                      cold-start SFT on successful demonstrations
     didpo round                                    policy rounds: pipeline -> update -> evaluation
+    didpo compare                                  estimator arms x seeds on the demo's rounds
     didpo eval                                     pass@k on benchmarks, multi-turn, in the sandbox
     didpo report                                   an offline HTML report of a run
     didpo online                                   online RL on GPUs (OpenRLHF Ray PPO + vLLM)
@@ -107,6 +108,31 @@ def round_cmd(config: Path | None = ConfigOpt, overrides: list[str] = SetOpt,
     cfg = load_or_exit(config, overrides)
     configure(cfg.logging.level)
     run_rounds(cfg, rounds)
+
+
+@app.command("compare")
+def compare_cmd(config: Path | None = ConfigOpt, overrides: list[str] = SetOpt,
+                estimators: str = typer.Option("didpo,didpo_did,grpo", help="comma-separated estimator arms"),
+                seeds: str = typer.Option("0,1,2", help="comma-separated seeds (run.seed and train.seed)"),
+                rounds: int | None = typer.Option(None, help="policy rounds per arm (default: run.rounds)"),
+                compare_id: str = typer.Option("compare", "--id", help="folder under run.root for every arm"),
+                jobs: int = typer.Option(1, min=1, help="arms run at once, one process each")) -> None:
+    """Estimator arms x seeds from one shared SFT start: per-round table, summary over seeds, figure, report."""
+    from pipeline.telemetry import configure
+    from workflows.compare import run_compare, write_report
+
+    cfg = load_or_exit(config, overrides)
+    configure(cfg.logging.level)
+    try:
+        seed_list = [int(s) for s in seeds.split(",") if s.strip()]
+        est_list = [e.strip() for e in estimators.split(",") if e.strip()]
+        rows = run_compare(str(config) if config else None, overrides, est_list, seed_list,
+                           rounds or cfg.run.rounds, compare_id, jobs)
+    except ValueError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+    page = write_report(rows, Path(cfg.run.root) / compare_id)
+    typer.echo(f"report: {page}")
 
 
 @app.command("online")

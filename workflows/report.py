@@ -436,17 +436,21 @@ def _explorer_html(explored: Sequence[Explored], arm: Arm, rnd: RoundData) -> st
     return "\n".join(parts)
 
 
+def _figure_html(f: Figure) -> str:
+    data = base64.b64encode(f.png).decode("ascii")
+    return (f'<figure id="fig-{f.name}"><img alt="{html.escape(f.title)}" '
+            f'src="data:image/png;base64,{data}"><figcaption><b>{html.escape(f.title)}.</b> '
+            f"{html.escape(f.caption)}</figcaption></figure>")
+
+
 def render_page(arms: Sequence[Arm], figs: Sequence[Figure], missing: Sequence[str],
-                explored: Sequence[Explored]) -> str:
+                explored: Sequence[Explored], preface: str = "") -> str:
+    """The page; `preface` is trusted HTML placed before the rounds (e.g. `didpo compare`'s summary)."""
     names = ", ".join(arm.name for arm in arms)
-    body = [f"<h1>DiDPO report</h1><p>Runs: {html.escape(names)}</p>", "<h2>Rounds</h2>", _round_table(arms),
-            _benchmark_table(arms)]
+    body = [f"<h1>DiDPO report</h1><p>Runs: {html.escape(names)}</p>", preface, "<h2>Rounds</h2>",
+            _round_table(arms), _benchmark_table(arms)]
     body.append("<h2>Figures</h2>")
-    for f in figs:
-        data = base64.b64encode(f.png).decode("ascii")
-        body.append(f'<figure id="fig-{f.name}"><img alt="{html.escape(f.title)}" '
-                    f'src="data:image/png;base64,{data}"><figcaption><b>{html.escape(f.title)}.</b> '
-                    f"{html.escape(f.caption)}</figcaption></figure>")
+    body += [_figure_html(f) for f in figs]
     body += [f'<p class="note">Not shown: {html.escape(m)}.</p>' for m in missing]
     body.append("<h2>Credit-unit explorer</h2>")
     last_arm = arms[0]
@@ -466,24 +470,25 @@ class Report:
 
 
 def build_report(runs: Sequence[str | Path], out: str | Path, *, steps: Sequence[str] = (),
-                 explore_count: int = 5) -> Report:
+                 explore_count: int = 5, preface: str = "", extra_figures: Sequence[Figure] = ()) -> Report:
     """Write <out>/index.html and <out>/<figure>.png for the runs (arms); the explorer shows the last round
-    of the first run."""
+    of the first run. `preface` (HTML) and `extra_figures` come first on the page."""
     if not runs:
         raise ReportError("report needs at least one --run folder")
     arms = [load_arm(r) for r in runs]
     figs, missing = figures(arms)
+    preface += "".join(_figure_html(f) for f in extra_figures)
     last = arms[0].rounds[-1]
     explored = explore(last, choose_steps(last, steps, explore_count)) if last.rows("advantages") else []
     out = Path(out)
     pngs = []
-    for f in figs:
+    for f in [*extra_figures, *figs]:
         dest = out / f"{f.name}.png"
         schema.atomic_write(dest, lambda tmp, f=f: Path(tmp).write_bytes(f.png))
         dest.chmod(0o644)  # readable by the web server or colleague that opens the page
         pngs.append(dest)
     page = out / "index.html"
-    text = render_page(arms, figs, missing, explored)
+    text = render_page(arms, figs, missing, explored, preface)
     schema.atomic_write(page, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
     page.chmod(0o644)
     return Report(page, pngs, arms, explored)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pipeline.agent.episode import Episode, EpisodeState, Executor, StepResult, Turn, workspace_hash
 from pipeline.agent.grammar import (
     ACTION_SPEC,
+    ACTION_SPEC_BRIEF,
     INVALID_REASONS,
     Action,
     Edit,
@@ -17,6 +18,6 @@ from pipeline.agent.grammar import (
 )
 from pipeline.agent.settings import EpisodeSettings
 
-__all__ = ["ACTION_SPEC", "INVALID_REASONS", "Action", "Edit", "Episode", "EpisodeSettings", "EpisodeState",
+__all__ = ["ACTION_SPEC", "ACTION_SPEC_BRIEF", "INVALID_REASONS", "Action", "Edit", "Episode", "EpisodeSettings", "EpisodeState",
            "Executor", "InvalidAction", "StepResult", "Turn", "action_json", "apply_action", "parse_action",
            "parse_response", "render_action", "workspace_hash"]

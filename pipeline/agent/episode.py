@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from pipeline.agent.grammar import (
-    ACTION_SPEC,
+    ACTION_SPECS,
     Action,
     InvalidAction,
     apply_action,
@@ -128,7 +128,7 @@ class Episode:
         s, cfg = self.state, self.settings
         system = (
             "You are a careful software engineer fixing code in a small workspace, one action per turn. "
-            "After each change the visible tests run and you see their result.\n\n" + ACTION_SPEC
+            "After each change the visible tests run and you see their result.\n\n" + ACTION_SPECS[cfg.action_spec]
         )
         parts = [f"# Task\n{s.task.instructions.strip()}\n", "# Workspace"]
         for path in sorted(s.files):

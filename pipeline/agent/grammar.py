@@ -83,6 +83,21 @@ the closing tag (a payload cannot contain its own closing tag). Nothing but whit
 between blocks. Inserted or appended text gets a final newline if it lacks one.
 """
 
+# The same grammar in a few lines, for small policies whose context is short or whose training budget is
+# spent mostly on prompt tokens (the CPU demo): EpisodeSettings.action_spec = "brief". The parser is the same.
+ACTION_SPEC_BRIEF = """\
+## How to respond
+
+<think>
+your reasoning
+</think>
+then one action: <write path="F">whole file</write>, or <edit path="F"><search>lines copied exactly
+</search><replace>new lines</replace></edit> (one or more), <insert path="F" line="N">lines</insert>,
+<append path="F">lines</append>, <run_tests/> or <finish/>.
+"""
+
+ACTION_SPECS = {"full": ACTION_SPEC, "brief": ACTION_SPEC_BRIEF}
+
 
 @dataclass(frozen=True)
 class Edit:

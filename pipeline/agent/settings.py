@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
@@ -18,6 +20,10 @@ class EpisodeSettings(BaseModel):
     max_file_bytes: int = Field(256 * 1024, description="an action may not make a file larger than this")
     observation_chars: int = Field(2000, description="cap on one observation's text")
     history_action_chars: int = Field(1500, description="cap on one past action's text in the prompt")
+    action_spec: Literal["full", "brief"] = Field(
+        "full", description="how the system prompt states the action grammar: 'full' (docs/action_grammar.md) "
+        "or 'brief' (a few lines, for small policies on a short token budget)"
+    )
 
     @field_validator("max_turns", "max_response_tokens", "elide_lines", "max_file_bytes", "observation_chars",
                      "history_action_chars")

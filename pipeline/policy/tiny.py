@@ -113,20 +113,33 @@ def task_texts(task: Task) -> Iterator[str]:
         yield from files.values()
 
 
+def scaffold_texts() -> Iterator[str]:
+    """The fixed text of every prompt: both statements of the action grammar (their tags are in every
+    response too)."""
+    from pipeline.agent.grammar import ACTION_SPECS
+
+    yield from ACTION_SPECS.values()
+
+
 def default_corpus() -> Iterator[str]:
-    """Distinct instruction and code texts of the bundled tasks, in their loading order.
+    """Distinct instruction and code texts of the bundled tasks, in their loading order, then the prompt
+    scaffold once per task.
 
     Sources share many texts (HumanEval, HumanEval+ and HumanEvalFix pose the same problems); each distinct
-    text counts once, so no source weighs more for being bundled twice.
+    text counts once, so no source weighs more for being bundled twice. The scaffold is in every prompt and
+    its tags in every response, so it weighs as one copy per task: the grammar's tags become few tokens.
     """
     from pipeline.tasks import load_bundled  # task loaders only when no explicit corpus is given
 
     seen: set[str] = set()
-    for task in load_bundled():
+    tasks = load_bundled()
+    for task in tasks:
         for text in task_texts(task):
             if text not in seen:
                 seen.add(text)
                 yield text
+    for _ in tasks:
+        yield from scaffold_texts()
 
 
 def train_tokenizer(

@@ -101,3 +101,14 @@ def test_fuzz_episode_never_raises(responses):
         r = ep.step(text)
         assert r.action_status == "ok" or r.action_status in INVALID_REASONS
         assert r.exec_status in ("passed", "failed", "invalid_action")
+
+
+@pytest.mark.parametrize("style", ["full", "brief"])
+def test_system_prompt_states_the_configured_grammar_spec(style):
+    from pipeline.agent.grammar import ACTION_SPEC, ACTION_SPEC_BRIEF
+
+    system = Episode(_task(), CountingExecutor(), EpisodeSettings(action_spec=style)).prompt_messages()[0]["content"]
+    wanted, other = (ACTION_SPEC, ACTION_SPEC_BRIEF) if style == "full" else (ACTION_SPEC_BRIEF, ACTION_SPEC)
+    assert wanted in system and other not in system
+    with pytest.raises(ValueError, match="action_spec"):
+        EpisodeSettings(action_spec="verbose")

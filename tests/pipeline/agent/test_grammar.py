@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from pipeline.agent import (
     ACTION_SPEC,
+    ACTION_SPEC_BRIEF,
     INVALID_REASONS,
     Action,
     Edit,
@@ -107,6 +108,7 @@ def test_insert_and_write_semantics():
 def test_spec_is_published_verbatim_in_docs():
     doc = Path(__file__).resolve().parents[3] / "docs" / "action_grammar.md"
     assert ACTION_SPEC.strip() in doc.read_text()
+    assert ACTION_SPEC_BRIEF.strip() in doc.read_text()
 
 
 # ------------------------------------------------------------------------------------------------ hypothesis

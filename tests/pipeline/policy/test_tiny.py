@@ -16,6 +16,7 @@ from transformers.convert_slow_tokenizer import bytes_to_unicode
 from typer.testing import CliRunner
 
 import pipeline.policy.tiny as tiny
+from pipeline.agent.grammar import ACTION_SPECS
 from pipeline.policy.loading import (
     CheckpointError,
     check_checkpoint,
@@ -314,7 +315,10 @@ def test_task_texts_and_default_corpus(monkeypatch):
     import pipeline.tasks
 
     monkeypatch.setattr(pipeline.tasks, "load_bundled", lambda: [_task(), _task()])
-    assert list(tiny.default_corpus()) == expected  # each distinct text once, in loading order
+    scaffold = list(tiny.scaffold_texts())
+    assert scaffold == list(ACTION_SPECS.values())
+    # each distinct task text once, in loading order; then the prompt scaffold once per task
+    assert list(tiny.default_corpus()) == expected + scaffold + scaffold
 
 
 # ---------------------------------------------------------------- settings
