@@ -10,7 +10,6 @@ import pytest
 from rich.console import Console
 
 from pipeline.run import policy_version
-
 from workflows.compare import METRICS, run_compare, summarize, summary_html, write_report
 
 
