@@ -10,7 +10,8 @@
    and a solved episode may go on with a <finish/> turn. Only correct turns become training examples (the
    mutated first turn of a repair is context, never a target).
    Outcomes are replayed, not executed (`ReplayExecutor`): the reference passes, anything else fails. Pass
-   the real `Judge` as `executor` to show real test output instead.
+   the real `Judge` as `executor` to show real test output instead. Optionally each response is repeated
+   with only the assistant header as prompt (`unconditioned_copies`): cheap extra signal on the grammar.
 2. Training: causal-LM cross-entropy on response tokens only (each response ends with eos so generation
    stops), length-bucketed batches under a token budget (training/data.py), AdamW with warmup then
    cosine/constant LR, gradient clipping, seeded. Saves a plain HF checkpoint and `sft_report.json` (last,
@@ -329,6 +330,33 @@ def _episode_rows(kind, task, target, rng, values, tokenizer, settings, executor
     return rows
 
 
+def generation_header(tokenizer: Any) -> tuple[int, ...]:
+    """Token ids the chat template adds to open the assistant's turn (e.g. "<|im_start|>assistant\n"): the
+    difference between a conversation rendered with and without the generation prompt."""
+    chat = [{"role": "user", "content": "x"}]
+    with_prompt = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    without = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=False)
+    if not with_prompt.startswith(without) or with_prompt == without:
+        raise ValueError("the chat template's generation prompt is not a suffix of the conversation")
+    return tuple(tokenizer(with_prompt[len(without):], add_special_tokens=False)["input_ids"])
+
+
+def unconditioned_examples(examples: Sequence[SftExample], copies: int, header: Sequence[int]) -> list[SftExample]:
+    """Every response `copies` more times with only the assistant header as its prompt (kind "unconditioned").
+
+    Why: for a small policy trained from scratch on a CPU budget the prompt is most of every sequence, so
+    the grammar is learnt from few loss tokens. Prompt-free rows are short and pack many to a batch: the same
+    compute gives several times the signal on how a response is laid out, and the response still starts
+    right after the header as it does after a full prompt (`generation_header`).
+    """
+    if copies < 0:
+        raise ValueError(f"copies must be >= 0, got {copies}")
+    if not header:
+        raise ValueError("the assistant header is empty: the first response token would have no context")
+    return [SftExample(e.task_id, "unconditioned", e.turn, tuple(header), e.response_ids, e.response_text)
+            for e in examples for _ in range(copies)]
+
+
 # ---- training ----------------------------------------------------------------------------------------------
 
 
@@ -558,23 +586,32 @@ def evaluate_actions(checkpoint: str | os.PathLike[str], tasks: Sequence[Task], 
 
 def run_cold_start(cfg: Any, checkpoint: str | os.PathLike[str], out: str | os.PathLike[str],
                    evaluation_tasks: Sequence[Task], *, evaluate: bool = True) -> SftReport:
-    """The cold start of `didpo sft` and `didpo round`: demonstrations from `cfg.sft.tasks.train` (refused if
-    they overlap `evaluation_tasks`), SFT into `out`, then the valid-action rate on `cfg.sft.tasks.eval`,
-    stored in the report. Idempotent: a finished cold start is returned as stored."""
+    """The cold start of `didpo sft` and `didpo round`: demonstrations from `cfg.sft.tasks.train`, plus
+    `sft.rl_task_episodes` more per task of `cfg.tasks.train` (all refused if they overlap `evaluation_tasks`),
+    SFT into `out`, then the valid-action rate on `cfg.sft.tasks.eval`, stored in the report. Idempotent: a
+    finished cold start is returned as stored."""
     from pipeline.policy.loading import load_tokenizer
     from pipeline.tasks import check_disjoint
     from pipeline.tasks.settings import resolve_tasks
 
+    from pipeline.schema import atomic_write
+
     settings: SftSettings = cfg.sft
     train, held_out = resolve_tasks(settings.tasks)
-    check_disjoint(train, evaluation_tasks)  # no evaluation problem leaks into the demonstrations
-    examples = sft_examples(train, load_tokenizer(checkpoint), cfg.episode, seed=settings.seed, mix=settings.mix,
+    rl_tasks = resolve_tasks(cfg.tasks)[0] if settings.rl_task_episodes else []
+    check_disjoint([*train, *rl_tasks], evaluation_tasks)  # no evaluation problem leaks into the demonstrations
+    tokenizer = load_tokenizer(checkpoint)
+    examples = sft_examples(train, tokenizer, cfg.episode, seed=settings.seed, mix=settings.mix,
                             finish_rate=settings.finish_rate, episodes_per_task=settings.episodes_per_task)
+    if rl_tasks:  # the tasks the rounds train on, again: RL starts from solutions the policy partly knows
+        examples += sft_examples(rl_tasks, tokenizer, cfg.episode, seed=settings.seed + 1, mix=settings.mix,
+                                 finish_rate=settings.finish_rate, episodes_per_task=settings.rl_task_episodes)
+    if settings.unconditioned_copies:
+        examples += unconditioned_examples(examples, settings.unconditioned_copies, generation_header(tokenizer))
     report = train_sft(checkpoint, out, examples, settings)
     if evaluate and held_out and report.evaluation is None:
         report.evaluation = evaluate_actions(out, held_out, cfg.episode, cfg.policy, seed=settings.seed)
-        tmp = Path(out) / f".{REPORT_NAME}.tmp"
-        tmp.write_text(report.to_json() + "\n")
-        os.replace(tmp, Path(out) / REPORT_NAME)  # atomic: the report stays whole
+        text = report.to_json() + "\n"
+        atomic_write(Path(out) / REPORT_NAME, lambda tmp: Path(tmp).write_text(text))  # the report stays whole
     return report
 

@@ -1,8 +1,8 @@
 """Config section `sft`: the cold-start supervised fine-tuning before RL (training/sft.py).
 
-The defaults are sized for the CPU demo (small preset, about 3-4 minutes of training on 2 cores): a few
-dozen optimizer steps at a high learning rate, enough for a randomly initialised policy to write actions
-that parse. On a GPU, raise `max_steps` (or unset it) and lower `lr`.
+The defaults are a short run with the full demonstration mix. The CPU demo (configs/local.yaml) trains a
+randomly initialised small policy for about four minutes with its own measured recipe; that recipe, and what
+to change for a pretrained checkpoint on a GPU (more steps, a lower rate), are in docs/cold_start.md.
 """
 
 from __future__ import annotations
@@ -43,6 +43,15 @@ class SftSettings(BaseModel):
         0.3, ge=0.0, le=1.0, description="share of solved episodes that go on with a <finish/> turn"
     )
     episodes_per_task: int = Field(1, ge=1, description="demonstration episodes drawn per training task")
+    rl_task_episodes: int = Field(
+        0, ge=0, description="extra demonstration episodes for each task of `tasks.train` (the tasks the rounds "
+        "train on), so RL starts from solutions the policy partly knows: groups get mixed outcomes and shared "
+        "changes even when the policy cannot yet solve new problems",
+    )
+    unconditioned_copies: int = Field(
+        0, ge=0, description="train each demonstration response this many more times with only the assistant "
+        "header as prompt: short rows pack many to a batch, cheap extra signal on the grammar for small policies",
+    )
     lr: float = Field(3e-3, gt=0.0, lt=1.0, description="peak learning rate (AdamW)")
     weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay")
     warmup_steps: int = Field(5, ge=0, description="linear warmup from 0 to lr, in optimizer steps")

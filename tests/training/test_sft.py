@@ -26,11 +26,13 @@ from training.sft import (  # noqa: E402
     REPORT_NAME,
     ReplayExecutor,
     evaluate_actions,
+    generation_header,
     response_token_loss,
     search_replace_edits,
     sft_examples,
     solution_files,
     train_sft,
+    unconditioned_examples,
 )
 from training.sft_settings import SftSettings  # noqa: E402
 
@@ -153,6 +155,19 @@ def _row(prompt, response):
                     np.ones(n, np.float32), np.zeros(n, np.float32))
 
 
+def test_unconditioned_rows_keep_the_response_after_the_assistant_header(tokenizer, examples):
+    header = generation_header(tokenizer)
+    assert tokenizer.decode(header) == "<|im_start|>assistant\n"
+    assert all(tuple(e.prompt_ids[-len(header):]) == header for e in examples)  # every real prompt ends so
+    rows = unconditioned_examples(examples[:3], 2, header)
+    assert len(rows) == 6 and {r.kind for r in rows} == {"unconditioned"}
+    assert [r.response_ids for r in rows] == [e.response_ids for e in examples[:3] for _ in range(2)]
+    assert all(r.prompt_ids == header for r in rows)
+    assert unconditioned_examples(examples, 0, header) == []
+    with pytest.raises(ValueError, match="empty"):
+        unconditioned_examples(examples, 1, ())
+
+
 def test_loss_covers_response_tokens_only():
     batch = collate([_row([5, 6, 7, 8], [9, 10]), _row([5, 6], [11, 12, 13])], [0, 1], pad_id=0)
     targets = batch.input_ids[:, 1:][batch.loss_mask > 0].tolist()
@@ -246,3 +261,23 @@ def test_bad_inputs_are_refused(tiny_policy, tasks, tokenizer, tmp_path):
         sft_examples(tasks, tokenizer, EPISODE, seed=0, mix={"nope": 1.0})
     with pytest.raises(FileNotFoundError):
         train_sft(Path(tmp_path / "missing"), tmp_path / "y", [], FAST)
+
+
+def test_cold_start_adds_episodes_of_the_rl_tasks_and_prompt_free_copies(tiny_policy, tmp_path):
+    from pipeline.config import load_config
+    from pipeline.tasks.settings import resolve_tasks
+    from training.sft import run_cold_start
+
+    cfg = load_config(None, [
+        f"policy.checkpoint={tiny_policy}", "policy.size=tiny", "episode.max_response_tokens=512",
+        "tasks.train=[{source: mbpp, split: train, limit: 2}]", "tasks.eval=[{source: humanevalfix, limit: 1}]",
+        "sft.tasks={train: [{source: mbpp, split: test, limit: 3}], eval: []}", "sft.mix={append: 1.0}",
+        "sft.finish_rate=0", "sft.rl_task_episodes=2", "sft.unconditioned_copies=1", "sft.max_steps=1",
+        "sft.warmup_steps=0",
+    ])
+    report = run_cold_start(cfg, tiny_policy, tmp_path / "sft", [], evaluate=False)
+    assert report.n_examples == (3 + 2 * 2) * 2  # one turn per episode; each response once more prompt-free
+    assert report.examples_by_kind["unconditioned"] == 3 + 2 * 2
+    rl_tasks = resolve_tasks(cfg.tasks)[0]
+    with pytest.raises(ValueError, match="(?i)evaluat"):  # an RL task may not be an evaluation problem either
+        run_cold_start(cfg, tiny_policy, tmp_path / "other", rl_tasks[:1], evaluate=False)
