@@ -591,10 +591,9 @@ def run_cold_start(cfg: Any, checkpoint: str | os.PathLike[str], out: str | os.P
     SFT into `out`, then the valid-action rate on `cfg.sft.tasks.eval`, stored in the report. Idempotent: a
     finished cold start is returned as stored."""
     from pipeline.policy.loading import load_tokenizer
+    from pipeline.schema import atomic_write
     from pipeline.tasks import check_disjoint
     from pipeline.tasks.settings import resolve_tasks
-
-    from pipeline.schema import atomic_write
 
     settings: SftSettings = cfg.sft
     train, held_out = resolve_tasks(settings.tasks)
