@@ -48,7 +48,7 @@ def test_arms_share_one_cold_start_and_write_table_summary_and_report(tmp_path, 
         "tasks.train=[{source: mbpp, split: train, limit: 2}]", "tasks.eval=[{source: humanevalfix, limit: 1}]",
         "sandbox.pool_size=1", "eval.max_tasks=1", "train.max_tokens_per_batch=8192",
         "sft.tasks={train: [{source: mbpp, split: train, limit: 3}], eval: [{source: mbpp, split: validation, limit: 1}]}",
-        "sft.max_steps=1", "sft.warmup_steps=0",
+        "sft.max_steps=1", "sft.warmup_steps=0", "sft.rl_task_episodes=1",
     ]
     rows = run_compare(None, overrides, ["didpo", "grpo"], [0, 1], 1, "cmp", console=Console(quiet=True))
     cmp = tmp_path / "cmp"

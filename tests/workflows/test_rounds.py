@@ -21,7 +21,7 @@ def _config(root, checkpoint):
         "tasks.train=[{source: mbpp, split: train, limit: 2}]", "tasks.eval=[{source: humanevalfix, limit: 2}]",
         "sandbox.pool_size=1", "eval.max_tasks=2", "train.max_tokens_per_batch=8192",
         "sft.tasks={train: [{source: mbpp, split: train, limit: 4}], eval: [{source: mbpp, split: validation, limit: 2}]}",
-        "sft.max_steps=2", "sft.warmup_steps=0",
+        "sft.max_steps=2", "sft.warmup_steps=0", "sft.rl_task_episodes=1",
     ])
 
 
