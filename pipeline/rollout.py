@@ -63,11 +63,12 @@ class Rollout:
 
 def start_rollouts(task: Task, *, run_id: str, round_k: int, samples: int, root_seed: int,
                    policy_version: str) -> list[Rollout]:
-    """The G fresh rollouts of one task."""
+    """The G fresh rollouts of one task. The sampling seed leaves out the run id: runs with the same seed and
+    policy sample the same rollouts, so estimator arms compare on common random numbers."""
     out = []
     for i in range(samples):
         traj_id = content_id("traj", run_id, round_k, task.task_id, i)
-        seed = derive_seed(root_seed, run_id, round_k, task.task_id, i)
+        seed = derive_seed(root_seed, round_k, task.task_id, i)
         state = Episode(task, executor=_NO_EXECUTOR).state
         out.append(Rollout(traj_id, run_id, round_k, i, seed, policy_version, state))
     return out

@@ -31,13 +31,13 @@ from pipeline.config import load_config
 
 # What the comparison reports per round, with its label and format: the three plus context.
 METRICS = (
-    ("heldout_pass_rate", "held-out pass rate", "{:.2f}"),
-    ("heldout_invalid_rate", "held-out invalid rate", "{:.2f}"),
-    ("invalid_rate", "invalid-action rate (rollouts)", "{:.2f}"),
-    ("mean_return", "mean reward (rollouts)", "{:+.3f}"),
-    ("rollout_pass_rate", "pass rate (rollouts)", "{:.2f}"),
+    ("heldout_pass_rate", "held-out pass", "{:.2f}"),
+    ("heldout_invalid_rate", "held-out invalid", "{:.2f}"),
+    ("invalid_rate", "invalid (rollouts)", "{:.2f}"),
+    ("mean_return", "reward (rollouts)", "{:+.3f}"),
+    ("rollout_pass_rate", "pass (rollouts)", "{:.2f}"),
     ("coverage", "coverage", "{:.2f}"),
-    ("mixed_groups", "mixed-outcome groups", "{:.2f}"),
+    ("mixed_groups", "mixed groups", "{:.2f}"),
 )
 PLOTTED = ("heldout_pass_rate", "invalid_rate", "mean_return")
 
@@ -161,6 +161,9 @@ def comparison_png(rows: Sequence[dict]) -> bytes:
             mean = sorted((s["round"], s[f"{metric}_mean"]) for s in summary if s["estimator"] == est)
             ax.plot(*zip(*mean, strict=True), "o-", color=color, linewidth=2, label=est)
         ax.set(title=labels[metric], xlabel="round")
+        if metric.endswith("pass_rate"):  # a rate: keep 0 visible even when every value is 0
+            top = max([r[metric] for r in rows if r[metric] == r[metric]] + [0.0])
+            ax.set_ylim(-0.02, max(0.2, top + 0.05))
         ax.grid(alpha=0.3)
         ax.xaxis.get_major_locator().set_params(integer=True)
         ax.legend(fontsize=7)

@@ -10,6 +10,7 @@ import pytest
 from rich.console import Console
 
 from pipeline.run import policy_version
+from pipeline.schema import read_table
 from workflows.compare import METRICS, run_compare, summarize, summary_html, write_report
 
 
@@ -61,6 +62,14 @@ def test_arms_share_one_cold_start_and_write_table_summary_and_report(tmp_path, 
     seeds = {r["arm"]: json.loads((cmp / r["arm"] / "round=0" / "manifest.json").read_text())["seeds"]["root"]
              for r in rows}
     assert seeds == {"didpo-seed0": 0, "didpo-seed1": 1, "grpo-seed0": 0, "grpo-seed1": 1}
+    def responses(arm):
+        steps = read_table(cmp / arm / "round=0" / "steps", "steps")
+        return sorted(zip(steps["task_id"].to_pylist(), steps["turn"].to_pylist(),
+                          steps["response_text"].to_pylist(), strict=True))
+
+    # common random numbers: same seed and starting policy -> the same round-0 rollouts whatever the estimator
+    assert responses("didpo-seed0") == responses("grpo-seed0")
+    assert responses("didpo-seed0") != responses("didpo-seed1")
     table = pacsv.read_csv(cmp / "compare.csv").to_pylist()
     assert len(table) == 4
     summary = json.loads((cmp / "compare_summary.json").read_text())
