@@ -173,19 +173,21 @@ def comparison_png(rows: Sequence[dict]) -> bytes:
 def _cell(line: dict, metric: str, fmt: str) -> str:
     """'mean ± sd' of one summary line ('-' when no seed had a value; no ± with a single seed)."""
     mean, sd = line[f"{metric}_mean"], line[f"{metric}_sd"]
-    return "-" if mean != mean else fmt.format(mean) + ("" if sd != sd else f" ± {sd:.2f}")
+    return "-" if mean != mean else fmt.format(mean) + ("" if sd != sd else " ± " + fmt.replace("+", "").format(sd))
 
 
 def print_summary(summary: Sequence[dict], console: Console) -> None:
-    table = Table(title="estimator comparison: mean ± sd over seeds")
-    table.add_column("metric")
-    cols = [(s["estimator"], s["round"]) for s in summary]
-    for est, k in cols:
-        table.add_column(f"{est}\nround {k}", justify="right")
-    for name, label, fmt in METRICS:
-        cells = [_cell(s, name, fmt) for s in summary]
-        table.add_row(label, *cells)
-    console.print(table)
+    """One table per round, one column per estimator: readable at 80 columns."""
+    for k in sorted({s["round"] for s in summary}):
+        lines = [s for s in summary if s["round"] == k]
+        seeds = "/".join(str(n) for n in sorted({s["seeds"] for s in lines}))
+        table = Table(title=f"round {k}: mean ± sd over {seeds} seeds")
+        table.add_column("metric")
+        for s in lines:
+            table.add_column(s["estimator"], justify="right")
+        for name, label, fmt in METRICS:
+            table.add_row(label, *(_cell(s, name, fmt) for s in lines))
+        console.print(table)
 
 
 def summary_html(summary: Sequence[dict]) -> str:
