@@ -52,13 +52,10 @@ class ArmSpec:
         return f"{self.estimator}-seed{self.seed}"
 
 
-def arm_overrides(arm: ArmSpec, compare_dir: Path, sft_policy: Path | None) -> list[str]:
-    """Config overrides of one arm: its estimator and seeds, its own run folder, the shared cold start."""
-    sets = [f"credit.estimator={arm.estimator}", f"run.seed={arm.seed}", f"train.seed={arm.seed}",
-            f"run.root={compare_dir}", f"run.run_id={arm.name}"]
-    if sft_policy is not None:
-        sets += ["sft.enabled=false", f"policy.checkpoint={sft_policy}"]
-    return sets
+def arm_overrides(arm: ArmSpec, compare_dir: Path, start: Path) -> list[str]:
+    """Config overrides of one arm: its estimator and seeds, its own run folder, the shared starting policy."""
+    return [f"credit.estimator={arm.estimator}", f"run.seed={arm.seed}", f"train.seed={arm.seed}",
+            f"run.root={compare_dir}", f"run.run_id={arm.name}", "sft.enabled=false", f"policy.checkpoint={start}"]
 
 
 def _run_arm(config: str | None, overrides: Sequence[str], rounds: int) -> list[dict]:
@@ -75,6 +72,7 @@ def _run_arm(config: str | None, overrides: Sequence[str], rounds: int) -> list[
 def run_compare(config: str | None, overrides: Sequence[str], estimators: Sequence[str], seeds: Sequence[int],
                 rounds: int, compare_id: str, jobs: int = 1, console: Console | None = None) -> list[dict]:
     """Every arm (estimator x seed) from one shared cold start; returns one dict per arm and round."""
+    from pipeline.credit import ESTIMATORS
     from pipeline.run import resolve_policy
     from pipeline.tasks.settings import resolve_tasks
     from workflows.rounds import cold_start
@@ -83,21 +81,19 @@ def run_compare(config: str | None, overrides: Sequence[str], estimators: Sequen
     if not estimators or not seeds:
         raise ValueError("compare needs at least one estimator and one seed")
     base = load_config(config, list(overrides))
-    from pipeline.credit import ESTIMATORS
-
     unknown = sorted(set(estimators) - set(ESTIMATORS))
     if unknown:
         raise ValueError(f"unknown estimator(s) {unknown}; registered: {', '.join(sorted(ESTIMATORS))}")
     compare_dir = Path(base.run.root) / compare_id
     _, eval_tasks = resolve_tasks(base.tasks)
     policy = resolve_policy(base)
-    sft_policy = cold_start(base, policy, eval_tasks, compare_dir, console) if base.sft.enabled else None
+    start = cold_start(base, policy, eval_tasks, compare_dir, console)  # the policy itself when SFT is off
     arms = [ArmSpec(e, s) for e in estimators for s in seeds]
     for arm in arms:  # refuse a bad arm config before any arm spends time
-        load_config(config, [*overrides, *arm_overrides(arm, compare_dir, sft_policy)])
+        load_config(config, [*overrides, *arm_overrides(arm, compare_dir, start)])
     console.print(f"[bold]compare[/] {len(arms)} arms ({', '.join(estimators)} x seeds {list(seeds)}), "
                   f"{rounds} round(s) each, {jobs} at a time -> {compare_dir}")
-    jobs_args = [(config, [*overrides, *arm_overrides(a, compare_dir, sft_policy)], rounds) for a in arms]
+    jobs_args = [(config, [*overrides, *arm_overrides(a, compare_dir, start)], rounds) for a in arms]
     if jobs > 1:
         with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
             results = list(pool.map(_run_arm, *zip(*jobs_args, strict=True)))
