@@ -2,158 +2,58 @@
 
 One worker process per pool slot stays warm inside bubblewrap. For every job it:
 
-1. wipes and refills the private workspace (/ws) and tmp, as root *inside* the sandbox;
-2. forks the processes that run untrusted code, each of which, before touching it, starts a new session,
-   sets rlimits, sets no-new-privs, closes every inherited descriptor, and drops to a per-slot non-root uid;
+1. checks the slot is clean (no process of its uids left), wipes and refills the private workspace (/ws),
+   /tmp, /dev/shm and the test directory (/tests), as root *inside* the sandbox;
+2. starts two confined processes: U, a freshly exec'd interpreter that imports the candidate's modules and
+   never sees a test, and T, the trusted tester (forked from this worker, so it has the job);
 3. watches them against a wall-clock deadline, caps their output, and finally kills every process left
-   under those uids (``kill(-1)`` from a process that has the uid), so nothing outlives the job.
+   under the slot's uids (``kill(-1)`` from a process that has the uid), so nothing outlives the job.
 
-Who decides a test outcome (the "honest judge"):
+Confinement of both: new session, rlimits, no-new-privs, a fresh IPC namespace (so SysV shared memory dies
+with the job), only the descriptors it needs, then a per-slot non-root uid (T: uid A, U: uid B).
 
-- ``check`` suites: the candidate module is imported in process U (uid B); the test code runs in process T
-  (uid A != B) which never executes a line of candidate code. T calls candidate functions over a pipe;
-  arguments and return values cross as *plain data* (this codec), so an object with a forged ``__eq__``,
-  a patched builtin or test framework in U cannot reach T. T records every case and reports to this worker
-  on a pipe U does not hold. U cannot signal or ptrace T (different uid, no capabilities).
-- ``io`` suites: U calls the entry point on each input and streams the plain-data outputs; they are compared
-  with the reference's outputs *outside* the sandbox. U can only make claims about its own outputs.
-- ``pytest`` suites: pytest runs inside U (tests and code share a process); outcomes travel on a private
-  descriptor with a per-run nonce; a run that does not finish the harness scores nothing. This defends the
-  common reward hacks but not code that deliberately reads its own process memory (docs/sandbox.md).
+Who decides a test outcome (the "honest judge", see `_rpc` for the boundary):
 
-Framing on every pipe: 4-byte big-endian length + UTF-8 JSON.
+- ``check`` suites: T runs the HumanEval-style `check` functions; the candidate's functions are proxies
+  that call into U. ``from solution import *`` binds the candidate's names except builtins.
+- ``pytest`` suites: T runs pytest over the test files in /tests (readable by uid A only); the test's
+  ``import solution`` gets a proxy module. Lying objects, patched modules or builtins in U cannot reach T.
+- ``io`` suites: T calls the entry point in U on each input and streams the plain-data outputs; they are
+  compared with the reference's outputs *outside* the sandbox.
+
+Only T holds the result channel. Framing on every pipe: 4-byte big-endian length + UTF-8 JSON.
 """
 
 from __future__ import annotations
 
 import ast
 import builtins
-import collections
 import json
-import math
 import os
 import resource
-import secrets
 import select
 import shutil
 import signal
-import struct
 import sys
 import time
 import traceback
 import types
 
-MAX_MSG_BYTES = 64 * 1024 * 1024
-# stdlib dict subclasses with honest equality (Counter == dict compares items): sent as the plain dict
-_DICT_LIKE = (collections.Counter, collections.OrderedDict, collections.defaultdict)
-_HDR = struct.Struct(">I")
+try:  # on the host this is a package module; inside the sandbox both files sit side by side
+    from pipeline.sandbox import _rpc
+except ImportError:  # pragma: no cover - exercised inside the sandbox
+    import _rpc
 
-
-# ------------------------------------------------------------------------------------------ plain-data codec
-class NotPlain(TypeError):
-    """A value that is not plain data (None, bool, int, float, complex, str, bytes, list, tuple, set, dict)."""
-
-
-def encode(value, _depth: int = 0):
-    """Plain Python data -> JSON-able tagged tree. Exact types only: subclasses (and their __eq__) are refused."""
-    if _depth > 200:
-        raise NotPlain("nesting deeper than 200")
-    t = type(value)
-    if value is None or t is bool or t is str:
-        return value
-    if t is int:
-        return value if -(2**62) < value < 2**62 else {"I": hex(value)}  # hex: no int->str digit limit
-    if t is float:
-        return {"f": value} if math.isfinite(value) else {"f": repr(value)}
-    if t is list:
-        return [encode(v, _depth + 1) for v in value]
-    if t is tuple:
-        return {"t": [encode(v, _depth + 1) for v in value]}
-    if t is set or t is frozenset:
-        return {"s" if t is set else "fs": [encode(v, _depth + 1) for v in value]}
-    if t is dict or t in _DICT_LIKE:
-        return {"d": [[encode(k, _depth + 1), encode(v, _depth + 1)] for k, v in dict.items(value)]}
-    if t is bytes:
-        return {"b": value.hex()}
-    if t is complex:
-        return {"c": [encode(value.real), encode(value.imag)]}
-    item = getattr(value, "item", None)  # numpy scalars: a common, honest return type
-    if t.__module__ == "numpy" and callable(item) and getattr(value, "ndim", 1) == 0:
-        return encode(item(), _depth + 1)
-    raise NotPlain(f"value of type {t.__name__} is not plain data")
-
-
-def decode(tree):
-    """Inverse of `encode`; builds fresh builtin objects only. Raises ValueError on malformed input."""
-    if tree is None or type(tree) in (bool, int, str):
-        return tree
-    if type(tree) is list:
-        return [decode(v) for v in tree]
-    if type(tree) is dict and len(tree) == 1:
-        (tag, v), = tree.items()
-        if tag == "I" and type(v) is str:
-            return int(v, 16)
-        if tag == "f":
-            return float(v) if type(v) in (int, float, str) else _bad(tree)
-        if tag == "t" and type(v) is list:
-            return tuple(decode(x) for x in v)
-        if tag == "s" and type(v) is list:
-            return {decode(x) for x in v}
-        if tag == "fs" and type(v) is list:
-            return frozenset(decode(x) for x in v)
-        if tag == "d" and type(v) is list:
-            return {decode(k): decode(x) for k, x in v}
-        if tag == "b" and type(v) is str:
-            return bytes.fromhex(v)
-        if tag == "c" and type(v) is list and len(v) == 2:
-            return complex(decode(v[0]), decode(v[1]))
-    return _bad(tree)
-
-
-def _bad(tree):
-    raise ValueError(f"malformed plain-data tree: {str(tree)[:80]}")
-
-
-# ------------------------------------------------------------------------------------------------ framing
-def write_msg(fd: int, obj) -> None:
-    data = json.dumps(obj, separators=(",", ":")).encode()
-    buf = memoryview(_HDR.pack(len(data)) + data)
-    while buf:
-        buf = buf[os.write(fd, buf):]
-
-
-def _read_exact(fd: int, n: int, deadline: float | None) -> bytes | None:
-    chunks, got = [], 0
-    while got < n:
-        if deadline is not None:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], left)[0]:
-                raise TimeoutError("no message before the deadline")
-        chunk = os.read(fd, min(n - got, 1 << 20))
-        if not chunk:
-            return None
-        chunks.append(chunk)
-        got += len(chunk)
-    return b"".join(chunks)
-
-
-def read_msg(fd: int, deadline: float | None = None, limit: int = MAX_MSG_BYTES):
-    """One framed message, or None at end of stream. Oversized or malformed frames raise ValueError."""
-    hdr = _read_exact(fd, _HDR.size, deadline)
-    if hdr is None:
-        return None
-    (n,) = _HDR.unpack(hdr)
-    if n > limit:
-        raise ValueError(f"message of {n} bytes exceeds the {limit}-byte limit")
-    data = _read_exact(fd, n, deadline)
-    if data is None:
-        raise ValueError("stream ended inside a message")
-    return json.loads(data)
+MAX_MSG_BYTES = _rpc.MAX_MSG_BYTES
+NotPlain, encode, decode = _rpc.NotPlain, _rpc.encode, _rpc.decode
+write_msg, read_msg, _HDR = _rpc.write_msg, _rpc.read_msg, _rpc._HDR
+RPC_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_rpc.py")
 
 
 # --------------------------------------------------------------------------------------- confinement
 _PR_SET_NO_NEW_PRIVS = 38
 _PR_SET_CHILD_SUBREAPER = 36
+_CLONE_NEWIPC = 0x08000000
 
 
 _LIBC: list = []  # loaded once in the worker, so forked children do not pay for importing ctypes
@@ -170,12 +70,27 @@ def _prctl(option: int, arg: int) -> None:
         pass  # best effort; bwrap already sets no-new-privs
 
 
+def _unshare_ipc() -> bool:
+    """A fresh SysV IPC namespace for this process and its children (needs CAP_SYS_ADMIN: root in the slot)."""
+    try:
+        if not _LIBC:
+            import ctypes
+
+            _LIBC.append(ctypes.CDLL(None, use_errno=True))
+        return _LIBC[0].unshare(_CLONE_NEWIPC) == 0
+    except (OSError, AttributeError):
+        return False
+
+
 def confine(uid: int | None, limits: dict, keep: dict[int, int], cwd: str) -> None:
-    """In a freshly forked child: new session, rlimits, no-new-privs, only `keep` fds, then drop to `uid`.
+    """In a freshly forked child: new session and IPC namespace, rlimits, no-new-privs, only `keep` fds, then
+    drop to `uid`.
 
     keep: {target_fd: source_fd}; everything else is closed, stdin is /dev/null.
     """
     os.setsid()
+    if os.getuid() == 0:
+        _unshare_ipc()  # SysV segments the job creates die with it instead of outliving it in the slot
     # Move kept descriptors to their targets (go through high numbers so sources are not clobbered).
     import fcntl
 
@@ -229,6 +144,19 @@ def _uid_pids(uid: int) -> list[int]:
             except OSError:
                 continue
     return pids
+
+
+def _live_pids(uid: int) -> list[int]:
+    """Processes of `uid` that still run (zombies excluded: they are only waiting to be reaped)."""
+    live = []
+    for pid in _uid_pids(uid):
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                if fh.read().rsplit(")", 1)[1].split()[0] != "Z":
+                    live.append(pid)
+        except (OSError, IndexError):
+            continue
+    return live
 
 
 def sweep(uid: int | None, pgids: list[int]) -> None:
@@ -315,58 +243,38 @@ def _exc_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {msg}"[:300] if msg else type(exc).__name__
 
 
-def _raise_remote(name: str, msg: str):
-    cls = getattr(builtins, name, None)
-    if isinstance(cls, type) and issubclass(cls, Exception):
-        raise cls(msg)
-    raise RuntimeError(f"{name}: {msg}")
+def candidate_modules(files) -> list[str]:
+    """Importable names the candidate's workspace defines: top-level modules and packages."""
+    names = set()
+    for rel in files:
+        head = rel.split("/")[0]
+        stem = head[:-3] if head.endswith(".py") and "/" not in rel else head if "/" in rel else None
+        if stem and stem.isidentifier():
+            names.add(stem)
+    return sorted(names)
 
 
-def run_tester(job: dict, req_w: int, resp_r: int, result_w: int) -> None:
-    """Process T: runs the test code; candidate code only ever answers over the pipe, as plain data.
+def _remote_import(module: str):
+    """Import the candidate's `module` through the RPC boundary: (module proxy, None) or (None, error text)."""
+    import importlib
 
-    job["tests"]: [[path, source], ...]; each file defines check(candidate); its asserting statements
-    are the cases (a file without any is one case).
-    """
-
-    def call_remote(name, args, kwargs):
-        try:
-            payload = {"call": name, "args": encode(list(args)), "kwargs": encode(dict(kwargs))}
-        except NotPlain as exc:
-            raise TypeError(f"test passed a non-plain argument to {name}: {exc}") from None
-        write_msg(req_w, payload)
-        reply = read_msg(resp_r)
-        if reply is None:
-            raise RuntimeError("candidate process ended")
-        if "exc" in reply:
-            _raise_remote(str(reply["exc"]), str(reply.get("msg", "")))
-        return decode(reply["ok"])
-
-    def remote(name):
-        def proxy(*args, **kwargs):
-            return call_remote(name, args, kwargs)
-
-        proxy.__name__ = proxy.__qualname__ = name
-        return proxy
-
-    import_error = None
-    exports: dict = {}
     try:
-        hello = read_msg(resp_r)
-        if hello is None:
-            import_error = "candidate process ended before importing the module"
-        elif "import_error" in hello:
-            import_error = str(hello["import_error"])
-        else:
-            for name, kind in hello["exports"].items():
-                exports[str(name)] = remote(str(name)) if kind == "callable" else decode(kind["value"])
-            exports.setdefault(job["entry_point"], remote(job["entry_point"]))
-    except (ValueError, TypeError, KeyError, AttributeError) as exc:
-        import_error = f"candidate sent a malformed reply ({type(exc).__name__})"
-        exports = {}
-    module = types.ModuleType(job["module"])
-    module.__dict__.update(exports)
-    sys.modules[job["module"]] = module  # `from solution import *` inside the tests gets the proxies
+        return importlib.import_module(module), None
+    except BaseException as exc:  # noqa: BLE001 - the candidate's import failing is its own outcome
+        return None, _exc_text(exc)
+
+
+def run_tester(job: dict, peer: _rpc.Peer, result_w: int) -> None:
+    """T for check suites: each test file defines check(candidate); its asserting statements are the cases
+    (a file without any is one case). The candidate's functions are proxies into U."""
+    _rpc.install_remote_modules(peer, candidate_modules(job["files"]))
+    module, import_error = _remote_import(job["module"])
+    entry = None
+    if module is not None:
+        try:
+            entry = getattr(module, job["entry_point"])
+        except BaseException as exc:  # noqa: BLE001
+            import_error = f"the module defines no {job['entry_point']}: {_exc_text(exc)}"
     results = []
     for path, source in job["tests"]:
         code, cases = instrument_check(source, path)
@@ -385,7 +293,7 @@ def run_tester(job: dict, req_w: int, resp_r: int, result_w: int) -> None:
                 check = ns.get("check")
                 if check is None:
                     raise NameError("the test file defines no check(candidate)")
-                check(exports[job["entry_point"]])
+                check(entry)
             except BaseException as exc:  # noqa: BLE001 - any failure of the test code is a recorded failure
                 aborted = _exc_text(exc)
         for i, case in enumerate(cases):
@@ -399,69 +307,34 @@ def run_tester(job: dict, req_w: int, resp_r: int, result_w: int) -> None:
     write_msg(result_w, {"done": True, "cases": results, "import_error": import_error})
 
 
-def _import_candidate(module: str):
-    import importlib
-
-    sys.path.insert(0, os.getcwd())
-    importlib.invalidate_caches()
-    sys.modules.pop(module, None)
-    return importlib.import_module(module)
-
-
-def run_candidate_server(job: dict, req_r: int, resp_w: int) -> None:
-    """Process U: imports the candidate and answers T's calls (plain data in, plain data out)."""
-    try:
-        mod = _import_candidate(job["module"])
-    except BaseException as exc:  # noqa: BLE001
-        write_msg(resp_w, {"import_error": _exc_text(exc)})
-        return
-    exports = {}
-    for name, value in vars(mod).items():
-        if name.startswith("__"):
-            continue
-        if callable(value) and getattr(value, "__module__", None) == mod.__name__:
-            exports[name] = "callable"
-        else:
-            try:
-                exports[name] = {"value": encode(value)}
-            except NotPlain:
-                continue
-    write_msg(resp_w, {"exports": exports})
-    while True:
-        req = read_msg(req_r)
-        if req is None:
-            return
-        try:
-            fn = getattr(mod, req["call"])
-            value = fn(*decode(req["args"]), **decode(req["kwargs"]))
-            reply = {"ok": encode(value)}
-        except BaseException as exc:  # noqa: BLE001
-            reply = {"exc": type(exc).__name__, "msg": str(exc)[:300]}
-        write_msg(resp_w, reply)
-
-
 # ------------------------------------------------------------------------------------------- io suites
 def _reduce_not_none(value):
-    # EvalPlus's "not_none" oracle looks only at this; the raw value (a re.Match) need not be plain data
+    # EvalPlus's "not_none" oracle looks only at this; the raw value (a re.Match) need not be plain data.
+    # `is not None` on a proxy runs no candidate code.
     return value if type(value) is bool else value is not None
 
 
 _REDUCTIONS = {None: lambda value: value, "not_none": _reduce_not_none}
 
 
-def run_io(job: dict, result_w: int) -> None:
-    """Process U for io suites: stream one plain-data output (or exception name) per input, reduced first
-    when job["reduce"] names a reduction (see `_REDUCTIONS`)."""
+def run_io(job: dict, peer: _rpc.Peer, result_w: int) -> None:
+    """T for io suites: stream one plain-data output (or exception name) per input, reduced first when
+    job["reduce"] names a reduction (see `_REDUCTIONS`)."""
     reduce = _REDUCTIONS[job.get("reduce")]
-    try:
-        mod = _import_candidate(job["module"])
-        fn = getattr(mod, job["entry_point"])
-    except BaseException as exc:  # noqa: BLE001
-        write_msg(result_w, {"import_error": _exc_text(exc)})
+    _rpc.install_remote_modules(peer, candidate_modules(job["files"]))
+    module, error = _remote_import(job["module"])
+    fn = None
+    if module is not None:
+        try:
+            fn = getattr(module, job["entry_point"])
+        except BaseException as exc:  # noqa: BLE001
+            error = _exc_text(exc)
+    if fn is None:
+        write_msg(result_w, {"import_error": error})
         return
     for i, args in enumerate(job["inputs"]):
         try:
-            out = {"ok": encode(reduce(fn(*decode(args))))}
+            out = {"ok": encode(reduce(fn(*decode(args))))}  # a proxy (non-plain output) raises NotPlain
         except BaseException as exc:  # noqa: BLE001
             out = {"exc": type(exc).__name__, "msg": str(exc)[:200]}
         write_msg(result_w, {"case": i, **out})
@@ -469,51 +342,20 @@ def run_io(job: dict, result_w: int) -> None:
 
 
 # --------------------------------------------------------------------------------------- pytest suites
-_PYTEST_CRITICAL = (  # (module, dotted attribute): what a test-framework monkeypatch would replace
-    ("_pytest.python", "Function.runtest"), ("_pytest.python", "pytest_pyfunc_call"),
-    ("_pytest.runner", "call_and_report"), ("_pytest.runner", "CallInfo.from_call"),
-    ("_pytest.runner", "runtestprotocol"), ("_pytest.reports", "TestReport.from_item_and_call"),
-    ("_pytest.reports", "TestReport.__init__"), ("_pytest.unittest", "TestCaseFunction.runtest"),
-    ("unittest.case", "TestCase.run"), ("unittest.case", "TestCase.__call__"),
-    ("unittest.case", "TestCase.fail"), ("_pytest.outcomes", "fail"), ("_pytest.outcomes", "skip"),
-    ("builtins", "AssertionError"), ("builtins", "isinstance"), ("builtins", "len"), ("builtins", "abs"),
-)
-
-
-def _critical_objects() -> list:
-    out = []
-    for mod, dotted in _PYTEST_CRITICAL:
-        obj = sys.modules.get(mod)
-        for part in dotted.split("."):
-            # raw class attributes: getattr would build a fresh bound method for each classmethod
-            obj = vars(obj).get(part) if isinstance(obj, type) else getattr(obj, part, None)
-        out.append(obj)
-    return out
-
-
-def run_pytest(job: dict, chan_fd: int, nonce: str) -> None:
-    """Process U for pytest suites. Tests and candidate share this process, so: conftest, ini files and
-    plugin autoload are off, the framework's critical functions are checked for tampering around every test,
-    and the record is written only after the session ends (see docs/sandbox.md for what remains)."""
-    import _pytest.python  # noqa: F401 - make sure every module in _PYTEST_CRITICAL is loaded
-    import _pytest.unittest  # noqa: F401
+def run_pytest(job: dict, peer: _rpc.Peer, result_w: int) -> None:
+    """T for pytest suites: pytest runs here over /tests; the candidate's modules are proxies into U, so
+    nothing the candidate does can touch the framework, the assertions or the record. conftest, ini files
+    and plugin autoload stay off all the same (the test directory holds only the task's files)."""
     import pytest
 
-    original = _critical_objects()
+    test_modules = set(candidate_modules(job["test_paths"]))
+    _rpc.install_remote_modules(peer, [m for m in candidate_modules(job["files"]) if m not in test_modules])
     outcomes: dict[str, str] = {}
-    tampered: list[str] = []
-    ident = id
-
-    def intact() -> bool:
-        now = _critical_objects()
-        bad = [f"{m}.{a}" for (m, a), x, y in zip(_PYTEST_CRITICAL, original, now, strict=True) if ident(x) != ident(y)]
-        tampered.extend(b for b in bad if b not in tampered)
-        return not bad
 
     class Recorder:
         def pytest_runtest_logreport(self, report):
             prev = outcomes.get(report.nodeid, "passed")
-            if report.failed or not intact():
+            if report.failed:
                 outcomes[report.nodeid] = "failed"
             elif report.when == "call" and prev != "failed":
                 outcomes[report.nodeid] = "skipped" if report.skipped else "passed"
@@ -526,11 +368,10 @@ def run_pytest(job: dict, chan_fd: int, nonce: str) -> None:
     args = [*sorted(job["test_paths"]), "-q", "-p", "no:cacheprovider", "--noconftest", "-c", "/dev/null",
             "--rootdir", os.getcwd(), "-o", "addopts=", "-W", "ignore", "--tb=line", "-p", "no:stepwise"]
     code = pytest.main(args, plugins=[Recorder()])
-    if not intact():
-        outcomes = {k: "failed" for k in outcomes} or {"<session>": "failed"}
-        print(f"test framework tampered with: {tampered}", file=sys.stderr)
-    write_msg(chan_fd, {"nonce": nonce, "done": True, "outcomes": outcomes, "code": int(code),
-                        "tampered": tampered})
+    write_msg(result_w, {"done": True, "outcomes": outcomes, "code": int(code)})
+
+
+HARNESSES = {"check": run_tester, "io": run_io, "pytest": run_pytest}
 
 
 # ------------------------------------------------------------------------------------------ job driver
@@ -558,6 +399,14 @@ class Capture:
         return s + (f"\n[... {self.total - len(self.buf)} more bytes dropped]" if self.total > len(self.buf) else "")
 
 
+class CandidateFileError(ValueError):
+    """A file the candidate asked for cannot be written (bad path, name too long, no space): its outcome."""
+
+
+class SlotDirty(RuntimeError):
+    """The slot could not be restored to a clean state: the host replaces it (an infrastructure error)."""
+
+
 class Slot:
     def __init__(self, cfg: dict):
         self.cfg = cfg
@@ -568,14 +417,20 @@ class Slot:
         signal.signal(signal.SIGCHLD, lambda *_: None)
         signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
         self.limits = cfg["limits"]
-        self.ws, self.tmp = cfg["workspace_dir"], cfg["tmp_dir"]
+        self.ws, self.tmp, self.tests = cfg["workspace_dir"], cfg["tmp_dir"], cfg["tests_dir"]
         self.uid_test, self.uid_code = cfg.get("uid_test"), cfg.get("uid_code")
         if os.getuid() != 0:
             self.uid_test = self.uid_code = None
 
-    # -- workspace
+    # -- directories
+    def _dirs(self) -> list[tuple[str, int | None, int]]:
+        """(path, owner uid, mode) of every directory a job may fill; all are emptied before and after."""
+        code, test = self.uid_code, self.uid_test
+        dirs = [(self.ws, code, 0o755), (self.tmp, code, 0o1777), (self.tests, test, 0o700)]
+        return dirs + [(d, code, 0o1777) for d in self.cfg.get("extra_tmp", [])]
+
     def _reset_dirs(self) -> None:
-        for d in (self.ws, self.tmp, *self.cfg.get("extra_tmp", [])):
+        for d, owner, mode in self._dirs():
             if not os.path.isdir(d):
                 continue
             for name in os.listdir(d):
@@ -587,63 +442,77 @@ class Slot:
                         os.unlink(p)
                     except OSError:
                         pass
-            if self.uid_code is not None:
-                os.chown(d, self.uid_code, self.uid_code)
-            os.chmod(d, 0o1777 if d != self.ws else 0o755)
+            if owner is not None:
+                os.chown(d, owner, owner)
+            os.chmod(d, mode)
 
-    def _write_files(self, files: dict[str, str]) -> None:
+    def _write_files(self, root: str, files: dict[str, str], owner: int | None) -> None:
+        """Write `files` under `root`; raises CandidateFileError naming the first path that cannot be written."""
         for rel, text in files.items():
             parts = rel.split("/")
             if rel.startswith("/") or any(p in ("", ".", "..") for p in parts):
-                raise ValueError(f"refusing workspace path {rel!r}")
-            d = self.ws
-            for p in parts[:-1]:
-                d = os.path.join(d, p)
-                if not os.path.isdir(d):
-                    os.mkdir(d)
-                    if self.uid_code is not None:
-                        os.chown(d, self.uid_code, self.uid_code)
-            path = os.path.join(self.ws, rel)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(text)
-            if self.uid_code is not None:
-                os.chown(path, self.uid_code, self.uid_code)
+                raise CandidateFileError(f"refusing workspace path {rel[:200]!r}")
+            try:
+                d = root
+                for p in parts[:-1]:
+                    d = os.path.join(d, p)
+                    if not os.path.isdir(d):
+                        os.mkdir(d)
+                        if owner is not None:
+                            os.chown(d, owner, owner)
+                path = os.path.join(root, rel)
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+                with os.fdopen(fd, "w", encoding="utf-8", errors="surrogatepass") as fh:
+                    fh.write(text)
+                if owner is not None:
+                    os.chown(path, owner, owner)
+            except (OSError, ValueError, UnicodeError) as exc:
+                why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+                raise CandidateFileError(f"cannot write {rel[:200]!r}: {why}") from None
+
+    def _ensure_clean(self) -> None:
+        """Nothing of an earlier job may run when this one starts: a survivor could signal or starve it."""
+        uids = [u for u in (self.uid_code, self.uid_test) if u is not None]
+        for uid in uids:
+            if _uid_pids(uid):
+                sweep(uid, [])
+        left = [uid for uid in uids if _live_pids(uid)]
+        if left:
+            raise SlotDirty(f"processes of uid {left} survive from an earlier job")
 
     # -- one job
     def run(self, job: dict) -> dict:
         t0 = time.monotonic()
+        self._ensure_clean()
         self._reset_dirs()
-        self._write_files({**job["files"], **job.get("test_files", {})})  # task tests win over agent files
+        kind = job["kind"]
+        if kind not in HARNESSES:
+            raise ValueError(f"unknown suite kind {kind!r}")
+        # task files first: a failure there is the host's; a failure on the candidate's files is the candidate's
+        self._write_files(self.tests, job.get("test_files", {}), self.uid_test)
+        try:
+            self._write_files(self.ws, job["files"], self.uid_code)
+        except CandidateFileError as exc:
+            self._reset_dirs()
+            return {"workspace_error": str(exc), "records": [], "exits": {}, "timed_out": False,
+                    "output_exceeded": False, "stdout": "", "stderr": "", "duration_s": time.monotonic() - t0}
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         res_r, res_w = os.pipe()
-        kind = job["kind"]
+        t_in, u_out = os.pipe()  # U -> T
+        u_in, t_out = os.pipe()  # T -> U
+        spec = json.dumps({"paths": [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))]})
+        argv = [sys.executable, "-S", "-s", "-B", self.cfg.get("rpc_file", RPC_FILE), spec]
         children: dict[int, str] = {}
-        nonce = secrets.token_hex(16)
-        to_close = [out_w, err_w, res_w]
-        if kind == "check":
-            req_r, req_w = os.pipe()
-            resp_r, resp_w = os.pipe()
-            children[self._spawn(self.uid_code, self.ws, {1: out_w, 2: err_w, 3: req_r, 4: resp_w},
-                                 lambda: run_candidate_server(job, 3, 4))] = "code"
-            children[self._spawn(self.uid_test, "/", {1: out_w, 2: err_w, 3: req_w, 4: resp_r, 5: res_w},
-                                 lambda: run_tester(job, 3, 4, 5))] = "test"
-            to_close += [req_r, req_w, resp_r, resp_w]
-        elif kind == "io":
-            children[self._spawn(self.uid_code, self.ws, {1: out_w, 2: err_w, 3: res_w},
-                                 lambda: run_io(job, 3))] = "code"
-        elif kind == "pytest":
-            chan = 100 + secrets.randbelow(800)  # unguessable-ish descriptor number, plus the nonce
-            children[self._spawn(self.uid_code, self.ws, {1: out_w, 2: err_w, chan: res_w},
-                                 lambda: run_pytest(job, chan, nonce))] = "code"
-        else:
-            raise ValueError(f"unknown suite kind {kind!r}")
-        for fd in to_close:
+        # U: a fresh interpreter (exec), so nothing of this job (tests, expected values) is in its memory
+        children[self._spawn(self.uid_code, self.ws, {1: out_w, 2: err_w, 3: u_in, 4: u_out},
+                             lambda: os.execv(argv[0], argv))] = "code"
+        harness = HARNESSES[kind]
+        children[self._spawn(self.uid_test, self.tests, {1: out_w, 2: err_w, 3: t_in, 4: t_out, 5: res_w},
+                             lambda: harness(job, _rpc.Peer(3, 4, trusted=True), 5))] = "test"
+        for fd in (out_w, err_w, res_w, t_in, u_out, u_in, t_out):
             os.close(fd)
         report = self._watch(job, children, out_r, err_r, res_r, t0)
-        if kind == "pytest":
-            report["nonce"] = nonce
         self._reset_dirs()
         return report
 
@@ -686,7 +555,7 @@ class Slot:
             fds = [fd for fd, c in caps.items() if not c.eof] + ([] if res_eof else [res_r])
             if not pending and not fds:
                 break
-            if not pending:  # children done; drain what is already written, then stop
+            if "test" not in pending.values():  # T decided: drain what is already written, then stop U
                 ready = select.select(fds, [], [], 0)[0]
                 if not ready:
                     break
@@ -724,6 +593,7 @@ class Slot:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
+        pending = {}  # exits recorded from here on were caused by us, not by the code
         sweep(self.uid_code, list(children))
         sweep(self.uid_test, [])
         for pid, status in _reap():
@@ -750,7 +620,7 @@ def _split_frames(data: bytes) -> list:
         if len(body) < n:
             break
         try:
-            out.append(json.loads(body))
+            out.append(_rpc.parse_json(body))
         except ValueError:
             out.append({"malformed": True})
         i += _HDR.size + n

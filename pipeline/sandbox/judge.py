@@ -1,11 +1,14 @@
 """The honest judge: turns a Task's test suite + a workspace into an `ExecResult`, never trusting the code.
 
-Exit codes and stdout of the code under test are ignored. Outcomes come from (see `_worker` for the how):
-  check  - the test process T, which never runs candidate code, over a pipe the candidate does not hold;
-  io     - plain-data outputs compared here, outside the sandbox, with the reference's outputs (cached),
-           by the task's `meta["output_check"]` (EvalPlus's special oracles, see `output_matches`);
-  pytest - a nonce-tagged record on a private descriptor, accepted only if the harness finished.
-A run that does not complete the harness scores 0 passed.
+Exit codes and stdout of the code under test are ignored. Outcomes come from the trusted test process T,
+which never runs candidate code (it calls into a separate, freshly exec'd candidate process over an RPC
+boundary that only lets plain data through; see `_rpc`), on a result channel the candidate does not hold:
+  check  - T runs the `check` functions;
+  pytest - T runs pytest over the test files;
+  io     - T streams the candidate's plain-data outputs, compared here, outside the sandbox, with the
+           reference's outputs (cached), by the task's `meta["output_check"]` (EvalPlus's oracles).
+A run that does not complete the harness scores 0 passed. Whatever the candidate's files, names or output
+can cause is scored as its own outcome (crashed, failed, timeout), never as `infra_error`.
 """
 
 from __future__ import annotations
@@ -222,6 +225,13 @@ class Judge:
             raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
         default = self.timeout_s if self.timeout_s is not None else self.pool.settings.timeout_s
         timeout = max(default, timeout_s or 0.0)
+        size = sum(len(p.encode("utf-8", "surrogatepass")) + len(t.encode("utf-8", "surrogatepass"))
+                   for p, t in files.items())
+        if size > self.pool.settings.workspace_bytes:  # the candidate's doing: never sent, never infra_error
+            return ExecResult(status="crashed", passed=0, total=_suite_size(suite), duration_s=0.0,
+                              isolation=self.pool.isolation,
+                              detail=f"workspace: the files take {size} bytes, over the workspace's "
+                                     f"{self.pool.settings.workspace_bytes}")
         if suite.kind == "check":
             return self._run_check(suite, files, timeout)
         if suite.kind == "io":
@@ -253,9 +263,18 @@ class Judge:
                                timeout)
         return self._interpret_check(report, total)
 
+    def _candidate_fault(self, report: dict, total: int) -> ExecResult | None:
+        """The candidate's files could not be laid out (a path too long, no space): its outcome, scored 0."""
+        if "workspace_error" not in report:
+            return None
+        return ExecResult(status="crashed", passed=0, detail=f"workspace: {report['workspace_error']}"[:500],
+                          **self._base(report, total))
+
     def _interpret_check(self, report: dict, total: int) -> ExecResult:
         if "infra_error" in report:
             return self._infra(report["infra_error"], total)
+        if (fault := self._candidate_fault(report, total)) is not None:
+            return fault
         done = next((r for r in report["records"] if isinstance(r, dict) and r.get("done")), None)
         code_exit = report["exits"].get("code", {})
         base = self._base(report, total)
@@ -286,7 +305,7 @@ class Judge:
                "entry_point": suite.entry_point, "inputs": [_worker.encode(list(a)) for a in suite.inputs],
                "reduce": _OUTPUT_REDUCTIONS.get(output_check)}
         report = self._execute(job, timeout)
-        if "infra_error" in report:
+        if "infra_error" in report or "workspace_error" in report:
             return report, None
         recs = [r for r in report["records"] if isinstance(r, dict)]
         if not any(r.get("done") for r in recs) or report["timed_out"] or report["output_exceeded"]:
@@ -307,7 +326,8 @@ class Judge:
                 return self._expected[key]
         report, outputs = self._run_io_raw(suite, reference, output_check, timeout)
         if outputs is None:
-            why = report.get("infra_error") or "the reference solution did not complete its io harness"
+            why = (report.get("infra_error") or report.get("workspace_error")
+                   or "the reference solution did not complete its io harness")
             return self._infra(f"cannot compute expected outputs: {why}", len(suite.inputs))
         expected = [_decode_output(o) if o is not None else ("missing", None) for o in outputs]
         opaque = [i for i, (kind, value) in enumerate(expected)
@@ -325,6 +345,8 @@ class Judge:
         report, outputs = self._run_io_raw(suite, files, output_check, timeout)
         if "infra_error" in report:
             return self._infra(report["infra_error"], total)
+        if (fault := self._candidate_fault(report, total)) is not None:
+            return fault
         base = self._base(report, total)
         if report["timed_out"] or _cpu_killed(report):
             return ExecResult(status="timeout", passed=0, detail="deadline or CPU limit exceeded", **base)
@@ -351,12 +373,12 @@ class Judge:
         total = suite.n_cases
         if "infra_error" in report:
             return self._infra(report["infra_error"], total)
+        if (fault := self._candidate_fault(report, total)) is not None:
+            return fault
         base = self._base(report, total)
         if report["timed_out"] or _cpu_killed(report):
             return ExecResult(status="timeout", passed=0, detail="deadline or CPU limit exceeded", **base)
-        nonce = report.get("nonce")
-        done = [r for r in report["records"]
-                if isinstance(r, dict) and r.get("done") and r.get("nonce") == nonce and nonce]
+        done = [r for r in report["records"] if isinstance(r, dict) and r.get("done")]
         if len(done) != 1 or report["output_exceeded"]:
             why = "output limit exceeded" if report["output_exceeded"] else "the pytest harness did not complete"
             return ExecResult(status="crashed", passed=0, detail=why, **base)
@@ -380,6 +402,14 @@ class Judge:
                           isolation=self.pool.isolation, detail=str(message)[:2000])
 
 
+def _suite_size(suite: TestSuite) -> int:
+    if suite.kind == "io":
+        return len(suite.inputs)
+    if suite.kind == "pytest":
+        return suite.n_cases
+    return max(1, len(suite.files))
+
+
 def _cpu_killed(report: dict) -> bool:
     return any(e.get("signal") == signal.SIGXCPU for e in report["exits"].values())
 
@@ -389,7 +419,7 @@ def _decode_output(rec: dict) -> tuple[str, object]:
         if "ok" in rec:
             return "ok", _worker.decode(rec["ok"])
         return "exc", str(rec.get("exc"))
-    except (ValueError, TypeError, KeyError):
+    except (ValueError, TypeError, KeyError, OverflowError, RecursionError):
         return "malformed", None
 
 

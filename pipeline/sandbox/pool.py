@@ -1,13 +1,15 @@
-"""A pool of warm sandbox workers: bubblewrap isolation when it works, a loudly logged rlimits fallback else.
+"""A pool of warm sandbox workers: bubblewrap isolation, or (only when the config says so) rlimits alone.
 
 Each slot is one long-lived worker (`_worker.py`) inside its own bubblewrap instance: new pid/net/ipc/uts
 namespaces, an empty root with the system directories and the Python installation bound read-only, no /etc
-secrets, no home, a private size-capped /tmp, /dev/shm and workspace (/ws) and nothing else writable. The
-worker forks one confined child per execution, so an execution costs a fork, not an interpreter start.
+secrets, no home, a private size-capped /tmp, /dev/shm, workspace (/ws) and test directory (/tests) and
+nothing else writable. Per execution the worker forks the trusted tester and execs one fresh interpreter
+for the candidate. Each slot claims its own pair of uids, unique across every pool on the host.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -27,7 +29,11 @@ log = logging.getLogger("didpo.sandbox")
 
 BWRAP = "bwrap"
 FALLBACK = "rlimits"
-WORKER_IN_SANDBOX = "/opt/didpo/worker.py"
+WORKER_IN_SANDBOX = "/opt/didpo/_worker.py"
+RPC_IN_SANDBOX = "/opt/didpo/_rpc.py"
+# flock files, one per uid pair: concurrent pools (didpo compare --jobs N) never share a slot uid
+UID_LOCK_DIR = "/tmp/.didpo-sandbox-uids"
+MAX_UID_PAIRS = 4096
 _ETC_FILES = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/localtime", "/etc/nsswitch.conf")
 _ENV = {
     "PATH": "/usr/local/bin:/usr/bin:/bin",
@@ -76,7 +82,15 @@ def bwrap_argv(settings: SandboxSettings, worker_cfg: dict) -> list[str]:
     argv += ["--perms", "0755", "--dir", "/etc"]
     for f in _ETC_FILES:
         argv += ["--ro-bind-try", f, f]
-    made = {"/", "/etc", "/usr", "/tmp", "/dev", "/proc"}
+    argv += [
+        "--proc", "/proc", "--dev", "/dev",
+        "--size", str(settings.tmp_bytes), "--tmpfs", "/dev/shm",
+        "--size", str(settings.tmp_bytes), "--tmpfs", "/tmp",
+        "--size", str(settings.workspace_bytes), "--perms", "0755", "--tmpfs", "/ws",
+        "--size", str(settings.tmp_bytes), "--perms", "0700", "--tmpfs", "/tests",
+    ]
+    # The interpreter is bound after the tmpfs mounts: a checkout or venv under /tmp stays visible.
+    made = {"/", "/etc", "/usr", "/tmp", "/dev", "/proc", "/ws", "/tests"}
     for root in _python_roots():
         parts = Path(root).parts
         for i in range(2, len(parts)):
@@ -86,45 +100,70 @@ def bwrap_argv(settings: SandboxSettings, worker_cfg: dict) -> list[str]:
                 made.add(anc)
         argv += ["--ro-bind", root, root]
     argv += [
-        "--proc", "/proc", "--dev", "/dev",
-        "--size", str(settings.tmp_bytes), "--tmpfs", "/dev/shm",
-        "--size", str(settings.tmp_bytes), "--tmpfs", "/tmp",
-        "--size", str(settings.workspace_bytes), "--perms", "0755", "--tmpfs", "/ws",
         "--perms", "0755", "--dir", "/opt/didpo",
         "--ro-bind", _worker.__file__, WORKER_IN_SANDBOX,
+        "--ro-bind", _worker.RPC_FILE, RPC_IN_SANDBOX,
         "--chdir", "/ws",
         sys.executable, "-s", "-B", WORKER_IN_SANDBOX, json.dumps(worker_cfg),
     ]
     return argv
 
 
+def _claim_uid_pair(base: int) -> tuple[int, int]:
+    """Lock the lowest free uid pair (base+2j, base+2j+1) for this process: (j, lock fd). The lock lives as
+    long as the descriptor, so a killed pool frees its pairs by itself."""
+    os.makedirs(UID_LOCK_DIR, mode=0o1777, exist_ok=True)
+    for j in range(MAX_UID_PAIRS):
+        fd = os.open(os.path.join(UID_LOCK_DIR, f"{base + 2 * j}.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return j, fd
+        except OSError:
+            os.close(fd)
+    raise InfraError(f"no free sandbox uid pair from uid {base} ({MAX_UID_PAIRS} pairs in use)")
+
+
 class _Worker:
-    """One slot: a running worker process and its framed request/response pipes."""
+    """One slot: a running worker process and its framed request/response pipes, and its own uid pair."""
 
     def __init__(self, settings: SandboxSettings, index: int, isolation: str):
         self.settings, self.index, self.isolation = settings, index, isolation
         self.proc: subprocess.Popen | None = None
         self._dirs: list[str] = []
+        self.pair, self._lock_fd = _claim_uid_pair(settings.uid_base)
+
+    def uids(self) -> tuple[int, int]:
+        """(tests uid, candidate uid) of this slot."""
+        base = self.settings.uid_base + 2 * self.pair
+        return base, base + 1
 
     def _cfg(self) -> dict:
         s = self.settings
+        uid_test, uid_code = self.uids()
         cfg = {
             "limits": s.limits(),
-            "uid_test": s.uid_base + 2 * self.index,
-            "uid_code": s.uid_base + 2 * self.index + 1,
+            "uid_test": uid_test,
+            "uid_code": uid_code,
             "output_keep_bytes": s.output_keep_bytes,
             "output_kill_bytes": s.output_kill_bytes,
             "preload": list(s.preload),
         }
         if self.isolation == BWRAP:
-            return {**cfg, "workspace_dir": "/ws", "tmp_dir": "/tmp", "extra_tmp": ["/dev/shm"]}
+            return {**cfg, "workspace_dir": "/ws", "tmp_dir": "/tmp", "tests_dir": "/tests",
+                    "extra_tmp": ["/dev/shm"], "rpc_file": RPC_IN_SANDBOX}
         base = tempfile.mkdtemp(prefix=f"didpo-slot{self.index}-")
         os.chmod(base, 0o755)
-        ws, tmp = os.path.join(base, "ws"), os.path.join(base, "tmp")
-        os.mkdir(ws)
-        os.mkdir(tmp)
+        dirs = {name: os.path.join(base, name) for name in ("ws", "tmp", "tests")}
+        for d in dirs.values():
+            os.mkdir(d)
         self._dirs = [base]
-        return {**cfg, "workspace_dir": ws, "tmp_dir": tmp}
+        return {**cfg, "workspace_dir": dirs["ws"], "tmp_dir": dirs["tmp"], "tests_dir": dirs["tests"]}
+
+    def release(self) -> None:
+        """Give the uid pair back (after the worker is killed)."""
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
 
     def start(self, deadline_s: float = 60.0) -> None:
         cfg = self._cfg()
@@ -216,6 +255,22 @@ def secret_paths() -> list[str]:
     return paths
 
 
+def _check_unprivileged_interpreter(uid: int) -> None:
+    """Without namespaces the candidate's interpreter starts from the host's files as a non-root uid: refuse
+    clearly when that uid cannot (e.g. the interpreter lives under a root-only home)."""
+    if os.getuid() != 0:
+        return  # not root: the code runs as this user, who can start the interpreter
+    try:
+        proc = subprocess.run([sys.executable, "-S", "-s", "-c", "import os"], user=uid, group=uid, cwd="/",
+                              capture_output=True, timeout=60, env=_ENV)
+        problem = proc.returncode != 0 and (proc.stderr.decode(errors="replace").strip().splitlines() or ["?"])[-1]
+    except (OSError, subprocess.SubprocessError) as exc:
+        problem = str(exc)
+    if problem:
+        raise InfraError(f"sandbox.isolation: rlimits runs candidate code as uid {uid}, which cannot start "
+                         f"{sys.executable} ({problem[:200]}); use isolation: bwrap or a world-readable Python")
+
+
 class SandboxPool:
     """Thread-safe pool of warm workers. `execute(job)` returns the worker's raw report (see `judge`)."""
 
@@ -233,6 +288,12 @@ class SandboxPool:
             self._slots.put(w)
 
     def _choose_isolation(self) -> str:
+        """bwrap, verified from inside a probe slot; else refuse, unless the config asks for rlimits."""
+        if self.settings.isolation == FALLBACK:
+            _check_unprivileged_interpreter(self.settings.uid_base)
+            log.warning("sandbox: isolation=rlimits from the config: untrusted code runs with rlimits and a "
+                        "separate uid only, NO filesystem or network isolation; every result says so")
+            return FALLBACK
         reason = None
         if shutil.which(self.settings.bwrap_path) is None:
             reason = f"bubblewrap executable {self.settings.bwrap_path!r} not found"
@@ -247,17 +308,12 @@ class SandboxPool:
                 reason = str(exc)
             finally:
                 w.kill()
+                w.release()
         if reason is None:
             log.info("sandbox: bubblewrap isolation verified (pid/net/ipc/uts namespaces, non-root uid)")
             return BWRAP
-        if not self.settings.allow_fallback:
-            raise InfraError(f"bubblewrap isolation unusable ({reason}) and allow_fallback=False")
-        log.error(
-            "SANDBOX DEGRADED: bubblewrap isolation unusable (%s). Falling back to rlimits + a separate "
-            "process: NO filesystem or network isolation. Every result reports isolation=%r.",
-            reason, FALLBACK,
-        )
-        return FALLBACK
+        raise InfraError(f"sandbox refuses to run untrusted code: bubblewrap isolation unusable ({reason}); "
+                         f"install bubblewrap, or set sandbox.isolation: rlimits to run without it")
 
     def execute(self, job: dict, timeout_s: float | None = None) -> dict:
         """Run one job; retries on sandbox failure, then returns {"infra_error": message}."""
@@ -305,6 +361,7 @@ class SandboxPool:
             self._closed = True
         for w in self._all:
             w.kill()
+            w.release()
 
     def __enter__(self) -> SandboxPool:
         return self

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 MiB = 1024 * 1024
@@ -23,11 +25,13 @@ class SandboxSettings(BaseModel):
     output_keep_bytes: int = Field(64 * 1024, description="stdout/stderr kept per stream, bytes")
     output_kill_bytes: int = Field(16 * MiB, description="total output after which the run is killed, bytes")
     pool_size: int = Field(2, description="warm sandbox workers (one execution at a time each)")
-    allow_fallback: bool = Field(
-        True, description="without working bubblewrap, run with rlimits only (logged); False: refuse to start"
-    )
+    isolation: Literal["bwrap", "rlimits"] = Field(
+        "bwrap", description="bwrap: namespace isolation, refuse to run untrusted code without it; rlimits: a "
+        "separate process with rlimits only, no filesystem or network isolation (development machines only; "
+        "named in every result)")
     bwrap_path: str = Field("bwrap", description="bubblewrap executable")
-    uid_base: int = Field(61000, description="slot k runs tests as uid_base+2k and code as uid_base+2k+1")
+    uid_base: int = Field(61000, description="first uid of the range slots claim pairs from (tests uid_base+2j, "
+                          "code uid_base+2j+1; a pair is held by one slot of one process at a time)")
     infra_retries: int = Field(1, description="re-runs of an execution whose sandbox failed (infra_error)")
     preload: tuple[str, ...] = Field(
         ("collections", "itertools", "functools", "math", "re", "string", "heapq", "bisect", "random", "copy",

@@ -25,7 +25,7 @@ def _run_hostile(judge, task_factory, code: str, kind: str = "check"):
     return episode.step(_write_response(code))
 
 
-def _host_sandbox_pids(uids: range) -> list[int]:
+def _host_sandbox_pids(uids) -> list[int]:
     pids = []
     for name in os.listdir("/proc"):
         if name.isdigit():
@@ -44,7 +44,7 @@ def _pool_still_works(judge, pool, task_factory):
     yield
     assert pool.alive() == pool.settings.pool_size
     assert judge.run(task_factory(), {"solution.py": GOOD}).status == "passed"
-    assert _host_sandbox_pids(range(pool.settings.uid_base, pool.settings.uid_base + 2 * pool.settings.pool_size)) == []
+    assert _host_sandbox_pids({u for w in pool._all for u in w.uids()}) == []
 
 
 HOSTILE = {
@@ -135,3 +135,107 @@ def test_hidden_tests_are_not_readable_by_the_candidate(judge, task_factory):
     """check suites never put the test files in the candidate's workspace."""
     code = "import os\nFILES = sorted(os.listdir('.'))\ndef add(a, b):\n    return a + b if FILES == ['solution.py'] else 0\n"
     assert judge.run(task_factory(), {"solution.py": code}).status == "passed"
+
+
+# ---------------------------------------------------------------- the process boundary (issue: judge attacks)
+READ_OWN_MEMORY = '''import gc, re, sys
+TABLE = {}
+for obj in gc.get_objects():
+    for text in (obj if isinstance(obj, (list, tuple)) else [obj]):
+        if isinstance(text, str) and "assert" in text:
+            for args, want in re.findall(r"candidate\\(([^()]*)\\) == (-?\\d+)", text):
+                TABLE[args.replace(" ", "")] = int(want)
+def add(a, b):
+    return TABLE.get(f"{a},{b}", -1)
+'''
+
+
+def test_candidate_memory_holds_no_test_source(judge, task_factory):
+    """U is exec'd fresh: scanning its own heap finds no assert to copy answers from."""
+    res = judge.run(task_factory(), {"solution.py": READ_OWN_MEMORY})
+    assert res.status == "failed" and res.passed == 0, res
+
+
+def test_star_import_does_not_shadow_builtins(judge, task_factory):
+    tests = {"case_0.py": "from solution import *\n\ndef check(candidate):\n    assert abs(candidate(1, 2) - 3) < 1e-9\n"}
+    liar = "def abs(x):\n    return 0\ndef add(a, b):\n    return 1000\n"
+    assert judge.run(task_factory(tests=tests), {"solution.py": liar}).status == "failed"
+    assert judge.run(task_factory(tests=tests), {"solution.py": GOOD}).status == "passed"
+
+
+def test_pytest_tampering_in_the_candidate_cannot_reach_the_tester(judge, task_factory):
+    bad = "def add(a, b):\n    return -1\n"  # never the right sum in these tests
+    attacks = [
+        "import json\n_dumps = json.dumps\njson.dumps = lambda o, **k: _dumps({**o, 'outcomes': {}}) "
+        "if isinstance(o, dict) else _dumps(o, **k)\n" + bad,
+        "import _pytest.reports as r\nr.TestReport.passed = property(lambda self: True)\n"
+        "r.TestReport.failed = property(lambda self: False)\n" + bad,
+        "class S(int):\n    def __eq__(self, o):\n        return True\n    __hash__ = int.__hash__\n"
+        "def add(a, b):\n    return S(-1)\n",
+    ]
+    for code in attacks:
+        for files in ({"solution.py": code}, {"solution.py": bad, "__init__.py": code, "conftest.py": code}):
+            res = judge.run(task_factory("pytest"), files)
+            assert res.status in ("failed", "crashed") and res.passed == 0, (code, res)
+
+
+def test_a_callback_from_the_tests_cannot_be_walked_into(judge, task_factory):
+    """The candidate may call what the test passes it, not read its globals or set attributes."""
+    tests = {"test_map.py": "from solution import apply\n\n\ndef test_apply():\n"
+                            "    assert apply(lambda x: x * 2, 3) == 6\n"}
+    honest = "def apply(f, x):\n    return f(x)\n"
+    assert judge.run(task_factory("pytest", tests), {"solution.py": honest}).status == "passed"
+    for reach in ("f.__globals__", "f.__code__", "f.__dict__", "setattr(f, 'x', 1)"):
+        code = f"def apply(f, x):\n    try:\n        {reach}\n    except Exception:\n        return -1\n    return 6\n"
+        res = judge.run(task_factory("pytest", tests), {"solution.py": code})
+        assert res.status == "failed", (reach, res)
+
+
+def test_what_the_candidate_causes_is_never_infra_error(judge, task_factory):
+    long_name = "é" * 200 + ".py"
+    for kind in ("check", "io", "pytest"):
+        for files in ({"solution.py": GOOD, long_name: "x = 1\n"},
+                      {"solution.py": GOOD, "big.txt": "x" * (80 * 1024 * 1024)}):
+            res = judge.run(task_factory(kind), files)
+            assert res.status == "crashed" and res.passed == 0 and "workspace" in res.detail, (kind, res)
+        # the tests live outside the workspace: a path named like a test file collides with nothing
+        res = judge.run(task_factory(kind), {"solution.py": GOOD, "test_add.py/x.py": "x = 1\n"})
+        assert res.status == "passed", (kind, res)
+    nested = ("import os\nframe = b'[' * 100000 + b']' * 100000\n"
+              "for fd in range(3, 64):\n    try:\n        os.write(fd, len(frame).to_bytes(4, 'big') + frame)\n"
+              "    except OSError:\n        pass\n" + GOOD)
+    for kind in ("check", "io", "pytest"):
+        assert judge.run(task_factory(kind), {"solution.py": nested}).status != "infra_error"
+
+
+def test_honest_code_that_forks_or_runs_a_subprocess_passes(judge, task_factory):
+    code = ("import os, subprocess, sys\n"
+            "def add(a, b):\n"
+            "    pid = os.fork()\n"
+            "    if pid == 0:\n        raise SystemExit(0)\n"
+            "    os.waitpid(pid, 0)\n"
+            "    out = subprocess.run([sys.executable, '-c', f'print({a} + {b})'], capture_output=True, text=True)\n"
+            "    return int(out.stdout)\n")
+    for kind in ("check", "pytest"):
+        assert judge.run(task_factory(kind), {"solution.py": code}).status == "passed"
+
+
+def test_sysv_shared_memory_does_not_outlive_the_job(judge, task_factory):
+    code = ("import ctypes\nlibc = ctypes.CDLL(None)\n"
+            "SEGS = [libc.shmget(0, 1 << 20, 0o1000 | 0o666) for _ in range(4)]\n"  # IPC_PRIVATE | IPC_CREAT
+            "import os\nSEEN = len(open('/proc/sysvipc/shm').read().splitlines()) - 1\n"
+            "def add(a, b):\n    return a + b if SEEN == len([s for s in SEGS if s >= 0]) else -1\n")
+    for _ in range(3):  # each job sees only its own segments: the previous job's are gone
+        assert judge.run(task_factory(), {"solution.py": code}).status == "passed"
+
+
+def test_concurrent_pools_get_distinct_uids(pool):
+    from pipeline.sandbox import SandboxPool, SandboxSettings
+
+    other = SandboxPool(SandboxSettings(pool_size=2, uid_base=pool.settings.uid_base, timeout_s=2.0))
+    try:
+        mine = {u for w in pool._all for u in w.uids()}
+        theirs = {u for w in other._all for u in w.uids()}
+        assert len(mine) == len(theirs) == 4 and not mine & theirs
+    finally:
+        other.close()
