@@ -23,7 +23,7 @@ from pipeline.agent.episode import Episode, EpisodeState, Executor, StepResult
 from pipeline.agent.settings import EpisodeSettings
 from pipeline.credit.returns import returns_to_go
 from pipeline.policy.generation import GenerationRequest, GenerationResult
-from pipeline.schema import DeadLetterRow, StepRow, TrajectoryRow, content_id
+from pipeline.schema import SANDBOX_LOST, DeadLetterRow, StepRow, TrajectoryRow, content_id
 from pipeline.tasks.base import Task
 
 _MAX_SEED = 2**63
@@ -163,7 +163,7 @@ def dead_letter(failure: InfraFailure) -> DeadLetterRow:
     r = failure.rollout
     payload = {"traj_id": r.traj_id, "task_id": r.task.task_id, "turn": r.turn, "sample_index": r.sample_index,
                "steps_so_far": len(r.steps)}
-    return DeadLetterRow(key=r.traj_id, stage="execute", reason=failure.reason, payload_json=json.dumps(payload))
+    return DeadLetterRow(key=r.traj_id, stage=SANDBOX_LOST, reason=failure.reason, payload_json=json.dumps(payload))
 
 
 def run_rollouts(rollouts: Sequence[Rollout], generate: Any, tokenizer: Any, executor: Executor,

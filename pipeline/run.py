@@ -4,8 +4,9 @@
 2. ReadSteps -> CreditUnits(ToCreditInputs -> ShardByTask -> GroupAnchors) -> WriteTables
 3. Advantages: DuckDB SQL over the round's Parquet tables (the didpo estimator; the Python credit core for the
    other estimators) -> advantages table
-4. manifest.json records each completed stage; a rerun skips completed stages and redoes an interrupted one
-   from scratch (its parts are deterministic), so a killed run finishes with exactly the same tables.
+4. manifest.json records each completed stage with the inputs it read (`STAGE_INPUTS`); a rerun skips
+   completed stages and redoes an interrupted one from scratch (its parts are deterministic), so a killed run
+   finishes with exactly the same tables. A rerun whose inputs differ for a completed stage is refused.
 
     python -m pipeline.run --config configs/local.yaml [--round 0] [--runner FnApiRunner] [beam options...]
 """
@@ -22,6 +23,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
@@ -45,8 +47,28 @@ STAGE_TABLES = {
 }
 
 
+class StageInputs(NamedTuple):
+    config: tuple[str, ...]  # config sections ("credit") or single keys ("credit.gamma") the stage reads
+    after: tuple[str, ...] = ()  # stages whose outputs it reads: their fingerprints are its inputs
+
+
+# What each stage reads: the one place resume compares. Nothing else in the config (logging, report, runner
+# and Beam options, shard counts, other stages' sections) can block a resume. `didpo round` adds train and
+# eval (workflows/rounds.py); the rollouts stage also reads the policy's identity and the training tasks,
+# eval the held-out tasks (`stage_inputs`).
+STAGE_INPUTS: dict[str, StageInputs] = {
+    "rollouts": StageInputs(("run.run_id", "run.seed", "policy", "episode", "sandbox", "pipeline.samples_per_task",
+                             "pipeline.min_batch_size", "pipeline.max_batch_size", "credit.gamma")),
+    "credit_units": StageInputs(("credit",), ("rollouts",)),
+    "advantages": StageInputs(("credit",), ("rollouts",)),
+    "train": StageInputs(("train",), ("advantages",)),
+    "eval": StageInputs(("eval", "run.seed", "policy", "episode", "sandbox", "pipeline.max_batch_size",
+                         "credit.gamma"), ("train",)),
+}
+
+
 class RoundConflict(RuntimeError):
-    """The round folder was written with another config or policy: refuse rather than overwrite."""
+    """A completed stage of the round folder read other inputs than this run would: refuse, don't overwrite."""
 
 
 def git_sha() -> str:
@@ -155,17 +177,73 @@ class RoundResult:
     skipped: list[str] = field(default_factory=list)  # stages already complete
 
 
-def _open_manifest(cfg: DidpoConfig, round_path: Path, round_k: int, checkpoint: str, version: str
-                   ) -> schema.Manifest:
-    chash = config_hash(cfg)
+def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def tasks_fingerprint(tasks: Sequence[Task]) -> str:
+    """Content hash of a task list (ids, workspaces, tests): the same ids loaded from another file differ."""
+    return schema.content_id([repr(t) for t in tasks])
+
+
+def stage_inputs(cfg: DidpoConfig, *, version: str, tasks: Sequence[Task], eval_tasks: Sequence[Task] = ()
+                 ) -> dict[str, dict[str, Any]]:
+    """Every stage's inputs, in stage order: the config keys `STAGE_INPUTS` names with their values, the
+    fingerprints of the stages it reads after, and the policy and tasks where the stage reads them."""
+    config = _flat(cfg.model_dump(mode="json"))
+    extra = {"rollouts": {"policy_version": version, "tasks": tasks_fingerprint(tasks)},
+             "eval": {"tasks": tasks_fingerprint(list(eval_tasks)[: cfg.eval.max_tasks])}}
+    out: dict[str, dict[str, Any]] = {}
+    for stage, reads in STAGE_INPUTS.items():
+        inputs = {k: v for k, v in config.items() if any(k == r or k.startswith(r + ".") for r in reads.config)}
+        inputs |= {f"{up} stage": schema.content_id(out[up]) for up in reads.after}
+        out[stage] = inputs | extra.get(stage, {})
+    return out
+
+
+def changed_inputs(manifest: schema.Manifest, stage: str, inputs: dict[str, Any], chash: str) -> list[str]:
+    """'key old -> new' for each input of a completed stage that differs from `inputs` ([] when the stage is
+    not complete or nothing changed). A stage recorded before per-stage inputs compares the whole config."""
+    if not manifest.stage_done(stage):
+        return []
+    recorded = manifest.stages[stage].get("inputs")
+    if recorded is None:
+        return [] if manifest.config_hash == chash else [f"config {manifest.config_hash} -> {chash}"]
+    return [f"{k} {recorded.get(k, '<unset>')} -> {inputs.get(k, '<unset>')}"
+            for k in sorted(set(recorded) | set(inputs)) if recorded.get(k) != inputs.get(k)]
+
+
+def check_stage(manifest: schema.Manifest, round_path: Path, stage: str, inputs: dict[str, Any], chash: str
+                ) -> None:
+    """RoundConflict (one line naming the stage and the changed keys) when a completed stage read other inputs.
+
+    Refused, never recomputed: a completed stage's tables may already be consumed (by the next stages, the
+    update, later rounds), so rewriting them would leave a run whose records disagree. Upstream fingerprints
+    are inputs too, so a stage after a changed one is refused the same way.
+    """
+    if changes := changed_inputs(manifest, stage, inputs, chash):
+        raise RoundConflict(f"{round_path}: stage {stage} was completed with other inputs: {'; '.join(changes)}. "
+                            "Use another run_id or round; nothing was overwritten.")
+
+
+def complete_stage(manifest: schema.Manifest, round_path: Path, stage: str, seconds: float,
+                   inputs: dict[str, Any], **details: Any) -> None:
+    """Record a completed stage with the inputs it read (what a resume compares) and write the manifest."""
+    manifest.stages[stage] = {"completed_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+                              "seconds": round(seconds, 3), "inputs": inputs, **details}
+    schema.write_manifest(manifest, round_path)
+
+
+def _open_manifest(cfg: DidpoConfig, round_path: Path, round_k: int, version: str) -> schema.Manifest:
     if (round_path / schema.MANIFEST_NAME).exists():
-        m = schema.read_manifest(round_path)
-        if m.config_hash != chash or m.policy_checkpoint != version:
-            raise RoundConflict(
-                f"{round_path} was written with config {m.config_hash} and policy {m.policy_checkpoint}; this run "
-                f"has config {chash} and policy {version}. Use another run_id or round; nothing was overwritten.")
-        return m
-    m = schema.Manifest(run_id=cfg.run.run_id, round=round_k, config_hash=chash, git_sha=git_sha(),
+        return schema.read_manifest(round_path)
+    m = schema.Manifest(run_id=cfg.run.run_id, round=round_k, config_hash=config_hash(cfg), git_sha=git_sha(),
                         policy_checkpoint=version, seeds={"root": cfg.run.seed})
     schema.write_manifest(m, round_path)
     return m
@@ -182,7 +260,10 @@ def run_round(cfg: DidpoConfig, round_k: int, checkpoint: str | Path, tasks: Seq
     round_path = schema.round_dir(cfg.run.root, cfg.run.run_id, round_k)
     round_path.mkdir(parents=True, exist_ok=True)
     version = policy_version(checkpoint)
-    manifest = _open_manifest(cfg, round_path, round_k, str(checkpoint), version)
+    manifest = _open_manifest(cfg, round_path, round_k, version)
+    inputs, chash = stage_inputs(cfg, version=version, tasks=tasks), config_hash(cfg)
+    for stage in STAGES:  # all before any work: a refused resume touches nothing
+        check_stage(manifest, round_path, stage, inputs[stage], chash)
     result = RoundResult(round_path, manifest)
     options = beam_options(cfg, beam_args)
     for stage in STAGES:
@@ -199,6 +280,7 @@ def run_round(cfg: DidpoConfig, round_k: int, checkpoint: str | Path, tasks: Seq
             start = time.perf_counter()
             log.info("round %d: stage %s", round_k, stage)
             if stage == "rollouts":
+                manifest.policy_checkpoint, manifest.seeds = version, {"root": cfg.run.seed}
                 build_rollout_pipeline(options, cfg, tasks, round_path, round_k, str(checkpoint), version).run(
                 ).wait_until_finish()
             elif stage == "credit_units":
@@ -209,9 +291,7 @@ def run_round(cfg: DidpoConfig, round_k: int, checkpoint: str | Path, tasks: Seq
                 schema.table_dir(round_path, table).mkdir(parents=True, exist_ok=True)  # empty = no rows
                 manifest.row_counts[table] = _count(round_path, table)
             seconds = time.perf_counter() - start
-            manifest.stages[stage] = {"completed_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-                                      "seconds": round(seconds, 3)}
-            schema.write_manifest(manifest, round_path)
+            complete_stage(manifest, round_path, stage, seconds, inputs[stage])
             result.stage_seconds[stage] = seconds
         if stage == stop_after:
             break

@@ -14,11 +14,14 @@ Span convention everywhere: half-open [start, end) character offsets into `respo
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import json
 import os
+import shutil
 import tempfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -163,6 +166,11 @@ class DeadLetterRow:
     stage: str = col(_STR, "pipeline stage that gave up on it")
     reason: str = col(_STR, "why, with the last error")
     payload_json: str = col(_STR, "the record, as JSON, so nothing is lost")
+
+
+# `stage` of a trajectory the sandbox failed on more than the retry cap allows (key = traj_id): it has no
+# trajectory or step rows, and round summaries count it as a rollout that did not pass.
+SANDBOX_LOST = "execute"
 
 
 ROW_TYPES: dict[str, type] = {
@@ -314,6 +322,33 @@ def atomic_write(dest: Path, write: Any) -> None:
             os.unlink(tmp)
 
 
+@contextmanager
+def atomic_folder(dest: Path) -> Iterator[Path]:
+    """`atomic_write` for a folder: fill the yielded temp folder (next to `dest`); when the block completes it
+    replaces `dest` whole, when it fails it is removed. Readers see the old folder or the new one, never half."""
+    dest = Path(os.path.abspath(dest))
+    if dest.exists() and not dest.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, "exists and is not a folder", str(dest))
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent))
+    try:
+        yield staging
+        staging.chmod(0o755)  # mkdtemp makes it private; an output folder is an ordinary shared one
+        if not dest.exists():
+            staging.rename(dest)
+            return
+        old = staging.with_name(staging.name + ".old")
+        dest.rename(old)
+        try:
+            staging.rename(dest)
+        except OSError:
+            old.rename(dest)
+            raise
+        shutil.rmtree(old)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
 def write_table(data: pa.Table | Iterable[Any], folder: str | Path, table: str, *, part: int | str = 0) -> Path:
     """Write one part of a contract table atomically: `<folder>/part-<part>.parquet`.
 
@@ -355,12 +390,12 @@ class Manifest:
 
     run_id: str  # run name
     round: int  # policy round k
-    config_hash: str  # content hash of the resolved config
+    config_hash: str  # content hash of the config that started the round (resume compares stages' `inputs`)
     git_sha: str  # code version that wrote the round ("unknown" outside a git checkout)
     policy_checkpoint: str  # behaviour policy of this round
     seeds: dict[str, int] = field(default_factory=dict)  # named seeds (generation, sampling, training)
     row_counts: dict[str, int] = field(default_factory=dict)  # table -> rows written
-    stages: dict[str, dict[str, Any]] = field(default_factory=dict)  # stage -> {completed_at, ...details}
+    stages: dict[str, dict[str, Any]] = field(default_factory=dict)  # stage -> {completed_at, inputs, ...details}
     schema_version: int = SCHEMA_VERSION  # contract version of every table in the round
 
     def stage_done(self, stage: str) -> bool:

@@ -10,7 +10,8 @@ from pipeline.tasks.base import Task
 
 
 def quick_eval(checkpoint: str | Path, tasks: Sequence[Task], cfg: DidpoConfig) -> dict[str, float]:
-    """Pass rate (hidden tests), invalid-action rate, mean turns and mean return of `checkpoint` on the first
+    """Pass rate (hidden tests; lost episodes count as not passing), invalid-action rate, mean turns and mean
+    return (finished episodes) and episodes lost to the sandbox (`infra_failures`) of `checkpoint` on the first
     `cfg.eval.max_tasks` held-out tasks."""
     from pipeline.policy.generation import TransformersGenerator
     from pipeline.policy.loading import load_policy, load_tokenizer
@@ -32,7 +33,8 @@ def quick_eval(checkpoint: str | Path, tasks: Sequence[Task], cfg: DidpoConfig) 
     n, m = max(len(trajs), 1), max(len(steps), 1)
     return {
         "tasks": float(len(tasks)),
-        "pass_rate": sum(t.outcome for t in trajs) / n,
+        # an episode lost to sandbox failures counts as not passing, as in the round summary (workflows/summary.py)
+        "pass_rate": sum(t.outcome for t in trajs) / max(len(trajs) + len(dead), 1),
         "invalid_rate": sum(s.exec_status == "invalid_action" for s in steps) / m,
         "mean_turns": sum(t.n_turns for t in trajs) / n,
         "mean_return": sum(t.episode_return for t in trajs) / n,

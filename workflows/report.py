@@ -1,8 +1,9 @@
 """`didpo report --run DIR [--run DIR2 ...]`: a self-contained HTML page (plus PNGs) about one or more runs.
 
 1. Every `--run` is one estimator arm; its rounds are the `round=<k>` folders (the data contract's tables).
-2. Per round and arm, from the tables: mean episode return, rollout pass rate, invalid-action rate, anchors
-   and coverage (`sql/analysis/coverage_per_task.sql`); the held-out pass rate from the round's manifest
+2. Per round and arm, from the tables: mean episode return, rollout pass rate (rollouts lost to sandbox
+   failures count as not passing), rollouts lost to sandbox failures, invalid-action rate, anchors and
+   coverage (`sql/analysis/coverage_per_task.sql`); the held-out pass rate from the round's manifest
    (`eval` stage of `didpo round`) and the benchmark table of `didpo eval` (round=<k>/eval/) when there.
 3. Figures (matplotlib, Agg): reward and pass-rate curves per round and arm, advantage distributions
    (per row A^E and per token), anchor group sizes and GS histograms, coverage per round.
@@ -29,10 +30,12 @@ import pyarrow.parquet as pq
 import typer
 
 from pipeline import schema
+from workflows.summary import rollout_counts
 
 _ROUND_DIR = re.compile(r"^round=(\d+)$")
 REQUIRED = ("trajectories", "steps")  # a round without these has nothing to report
-OPTIONAL = ("advantages", "anchors", "anchor_members", "subdiffs")  # absent until credit has run
+# absent until credit has run (dead_letter: absent from rounds written by hand)
+OPTIONAL = ("advantages", "anchors", "anchor_members", "subdiffs", "dead_letter")
 
 
 class ReportError(ValueError):
@@ -61,8 +64,19 @@ class RoundData:
         return _mean(t["episode_return"] for t in self.rows("trajectories"))
 
     @property
+    def rollouts(self) -> int:
+        """Rollouts started, those lost to sandbox failures included (workflows/summary.py counts them)."""
+        return rollout_counts(self.rows("trajectories"), self.rows("dead_letter"))[1]
+
+    @property
+    def lost_to_sandbox(self) -> int:
+        return rollout_counts(self.rows("trajectories"), self.rows("dead_letter"))[2]
+
+    @property
     def pass_rate(self) -> float:
-        return _mean(t["outcome"] for t in self.rows("trajectories"))
+        """Share of started rollouts that pass: a rollout lost to the sandbox counts as not passing."""
+        passed, started, _ = rollout_counts(self.rows("trajectories"), self.rows("dead_letter"))
+        return passed / started if started else math.nan
 
     @property
     def invalid_rate(self) -> float:
@@ -379,18 +393,20 @@ def _num(x: Any, spec: str = ".3f") -> str:
 
 
 def _round_table(arms: Sequence[Arm]) -> str:
-    head = ("arm", "round", "rollouts", "steps", "mean return", "pass rate", "held-out pass", "invalid rate",
-            "anchors", "coverage")
+    head = ("arm", "round", "rollouts", "lost to sandbox", "steps", "mean return", "pass rate", "held-out pass",
+            "invalid rate", "anchors", "coverage")
     rows = []
     for arm in arms:
         for r in arm.rounds:
-            cells = (html.escape(arm.name), r.k, len(r.rows("trajectories")), len(r.rows("steps")),
+            cells = (html.escape(arm.name), r.k, r.rollouts, r.lost_to_sandbox, len(r.rows("steps")),
                      _num(r.mean_return, "+.3f"), _num(r.pass_rate, ".2f"), _num(r.heldout_pass_rate, ".2f"),
                      _num(r.invalid_rate, ".2f"), len(r.rows("anchors")), _num(r.coverage, ".2f"))
             rows.append("<tr>" + "".join(f'<td{" class=l" if i == 0 else ""}>{c}</td>'
                                          for i, c in enumerate(cells)) + "</tr>")
     header = "".join(f'<th{" class=l" if i == 0 else ""}>{h}</th>' for i, h in enumerate(head))
-    return f"<table><tr>{header}</tr>{''.join(rows)}</table>"
+    return (f"<table><tr>{header}</tr>{''.join(rows)}</table><p>Rollouts include those lost to sandbox failures "
+            "(dead-lettered at the retry cap); the pass rate counts them as not passing, the mean return leaves "
+            "them out (they have none).</p>")
 
 
 def _benchmark_table(arms: Sequence[Arm]) -> str:

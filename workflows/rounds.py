@@ -5,13 +5,14 @@
 2. For each round k: the Beam pipeline with policy k writes runs/<run_id>/round=<k>/ tables.
 3. The trainer updates policy k on that round's advantages into round=<k>/policy (= policy k+1).
 4. A quick held-out evaluation of policy k+1 (same episodes and sandbox, greedy).
-5. Every stage is recorded in the round's manifest: a rerun resumes where it stopped.
+5. Every stage is recorded in the round's manifest with the inputs it read (pipeline/run.py `STAGE_INPUTS`):
+   a rerun resumes where it stopped, and refuses a completed stage whose inputs changed; eval, which nothing
+   downstream reads, is measured again instead.
 The estimator and lambda come from the config, so the same command runs GRPO, GiGPO or DiDPO arms.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import statistics
 import time
@@ -34,8 +35,10 @@ class RoundRow:
     round: int
     estimator: str
     lam: float
-    mean_return: float  # mean episode return of the round's rollouts
-    rollout_pass_rate: float  # hidden tests, rollouts of training tasks
+    mean_return: float  # mean episode return of the round's finished rollouts
+    rollout_pass_rate: float  # hidden tests, rollouts of training tasks (lost rollouts count as not passing)
+    rollouts: int  # rollouts started, lost ones included
+    lost_to_sandbox: int  # rollouts dead-lettered at the sandbox retry cap
     invalid_rate: float  # invalid actions among the round's steps
     anchors: int
     coverage: float  # changed-code tokens that received a diff-level advantage
@@ -49,14 +52,17 @@ class RoundRow:
     eval_s: float
 
 
-def _mark(manifest: schema.Manifest, round_dir: Path, stage: str, seconds: float, **details) -> None:
-    manifest.stages[stage] = {"completed_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-                              "seconds": round(seconds, 3), **details}
-    schema.write_manifest(manifest, round_dir)
-
-
 def run_rounds(cfg: DidpoConfig, rounds: int | None = None, console: Console | None = None) -> list[RoundRow]:
-    from pipeline.run import resolve_policy, run_round
+    from pipeline.config import config_hash
+    from pipeline.run import (
+        changed_inputs,
+        check_stage,
+        complete_stage,
+        policy_version,
+        resolve_policy,
+        run_round,
+        stage_inputs,
+    )
     from pipeline.tasks.settings import resolve_tasks
     from training.trainer import train_round
     from workflows.evaluate import quick_eval
@@ -73,24 +79,30 @@ def run_rounds(cfg: DidpoConfig, rounds: int | None = None, console: Console | N
         console.rule(f"round {k}")
         result = run_round(cfg, k, policy, train_tasks)
         manifest, round_dir = result.manifest, result.round_dir
+        inputs, chash = stage_inputs(cfg, version=policy_version(policy), tasks=train_tasks,
+                                     eval_tasks=eval_tasks), config_hash(cfg)
+        check_stage(manifest, round_dir, "train", inputs["train"], chash)
         summary = round_summary(round_dir)
         out = round_dir / "policy"
         start = time.perf_counter()
         report = train_round(round_dir, policy, out, cfg.train, reference_checkpoint=policy)
         if not manifest.stage_done("train"):
-            _mark(manifest, round_dir, "train", time.perf_counter() - start, steps=report.steps_done,
-                  counts=report.counts)
-        if not manifest.stage_done("eval"):
+            complete_stage(manifest, round_dir, "train", time.perf_counter() - start, inputs["train"],
+                           steps=report.steps_done, counts=report.counts)
+        # eval is a leaf (nothing downstream reads its metrics): changed eval inputs measure again, not refuse
+        if not manifest.stage_done("eval") or changed_inputs(manifest, "eval", inputs["eval"], chash):
             start = time.perf_counter()
             metrics = quick_eval(out, eval_tasks, cfg)
-            _mark(manifest, round_dir, "eval", time.perf_counter() - start, metrics=metrics)
+            complete_stage(manifest, round_dir, "eval", time.perf_counter() - start, inputs["eval"],
+                           metrics=metrics)
         evaluation = manifest.stages["eval"]["metrics"]
         stage_s = {name: float(v.get("seconds", 0.0)) for name, v in manifest.stages.items()}
         losses = [s.loss for s in report.steps]
         kls = [s.approx_kl for s in report.steps]
         rows.append(RoundRow(
             round=k, estimator=cfg.credit.estimator, lam=cfg.credit.lam, mean_return=summary.mean_return,
-            rollout_pass_rate=summary.pass_rate, invalid_rate=summary.invalid_rate, anchors=summary.anchors,
+            rollout_pass_rate=summary.pass_rate, rollouts=summary.rollouts, lost_to_sandbox=summary.lost_to_sandbox,
+            invalid_rate=summary.invalid_rate, anchors=summary.anchors,
             coverage=summary.coverage, mixed_groups=summary.mixed_groups,
             loss=statistics.fmean(losses) if losses else float("nan"),
             approx_kl=statistics.fmean(kls) if kls else float("nan"),
@@ -133,7 +145,9 @@ def write_rounds_table(rows: list[RoundRow], run_dir: Path) -> None:
 
 def print_rounds_table(rows: list[RoundRow], console: Console) -> None:
     """One column per round, one line per metric: readable at any terminal width."""
-    lines = [("mean return (rollouts)", "mean_return", "{:+.3f}"), ("pass rate (rollouts)", "rollout_pass_rate", "{:.2f}"),
+    lines = [("mean return (rollouts)", "mean_return", "{:+.3f}"),
+             ("pass rate (rollouts, lost = not passed)", "rollout_pass_rate", "{:.2f}"),
+             ("rollouts", "rollouts", "{}"), ("lost to sandbox failures", "lost_to_sandbox", "{}"),
              ("invalid-action rate", "invalid_rate", "{:.2f}"), ("anchors", "anchors", "{}"),
              ("coverage of changed code", "coverage", "{:.2f}"), ("mixed-outcome groups", "mixed_groups", "{:.2f}"),
              ("update loss", "loss", "{:+.4f}"), ("approx KL", "approx_kl", "{:.2e}"),

@@ -184,6 +184,8 @@ def encode(value, handle=None, _depth: int = 0):
         return {"b": value.hex()}
     if t is complex:
         return {"c": [encode(value.real), encode(value.imag)]}
+    if t is type and getattr(builtins, value.__name__, None) is value:  # int, str, ValueError: the same on both sides
+        return {"B": value.__name__}
     if t in _VALUE_TYPES:  # stdlib values with honest equality: rebuilt from their fields on the other side
         return {"v": [_VALUE_TYPES[t], _value_fields(value)]}
     item = getattr(t, "item", None)  # numpy scalars: a common, honest return type
@@ -226,6 +228,8 @@ def decode(tree, handle=None, _depth: int = 0):
             return complex(decode(v[0], None, d), decode(v[1], None, d))
         if tag == "v" and type(v) is list and len(v) == 2 and v[0] in _VALUE_BUILDERS and type(v[1]) is list:
             return _VALUE_BUILDERS[v[0]](*[decode(x, None, d) for x in v[1]])
+        if tag == "B" and type(v) is str and isinstance(getattr(builtins, v, None), type):
+            return getattr(builtins, v)
         if tag == "h" and handle is not None and type(v) is dict:
             return handle(v)
     raise ValueError(f"malformed plain-data tree: {str(tree)[:80]}")
@@ -247,6 +251,11 @@ _CALLBACK_DUNDERS = frozenset({
     "__call__", "__enter__", "__exit__", "__iter__", "__next__", "__len__", "__getitem__", "__contains__",
     "__str__", "__repr__", "__bool__", "__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__hash__",
 })
+
+
+# attribute names and value types that lead from a test object to T's frames, code and modules
+_INTROSPECTION_PREFIXES = ("gi_", "cr_", "ag_", "tb_", "f_", "co_")
+_INTERNALS = (types.ModuleType, types.FrameType, types.CodeType, types.TracebackType)
 
 
 def _builtin_base(cls: type) -> str | None:
@@ -465,7 +474,10 @@ class Peer:
             fn_args, fn_kwargs = args
             return target(*fn_args, **fn_kwargs)
         if op == "getattr":
-            return getattr(target, args[0])
+            value = getattr(target, args[0])
+            if self.trusted and isinstance(value, _INTERNALS):  # a way into T's modules and frames
+                raise PermissionError(f"the candidate may not read {args[0]!r} of a test object")
+            return value
         if op == "setattr":
             setattr(target, args[0], args[1])
             return None
@@ -485,7 +497,8 @@ class Peer:
             if len(args) != 2 or type(args[0]) is not list or type(args[1]) is not dict:
                 raise ProtocolError("malformed call")
             return
-        if op == "getattr" and len(args) == 1 and type(args[0]) is str and not args[0].startswith("_"):
+        if (op == "getattr" and len(args) == 1 and type(args[0]) is str and not args[0].startswith("_")
+                and not args[0].startswith(_INTROSPECTION_PREFIXES)):
             return
         if op == "dunder" and args and args[0] in _CALLBACK_DUNDERS:
             return
@@ -625,8 +638,9 @@ class Remote:
     def __enter__(self):
         return self._didpo("__enter__")
 
-    def __exit__(self, *exc):
-        return self._didpo("__exit__", *(None if e is None else str(e) for e in exc[:2]), None)
+    def __exit__(self, exc_type, exc, tb):
+        # the type and the exception cross as handles (the test may check their identity); never the traceback
+        return self._didpo("__exit__", exc_type, exc, None)
 
     def __int__(self):
         return _typed(self._didpo("__int__"), int, "__int__")

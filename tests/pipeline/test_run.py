@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import shutil
 from collections import defaultdict
 
 import numpy as np
@@ -10,7 +11,7 @@ import pytest
 
 from pipeline import schema
 from pipeline.config import load_config
-from pipeline.run import STAGES, RoundConflict, run_round
+from pipeline.run import STAGE_INPUTS, STAGES, RoundConflict, run_round, stage_inputs
 from pipeline.tasks import load_source
 
 pytestmark = pytest.mark.slow
@@ -91,6 +92,69 @@ def test_round_written_with_another_config_is_refused(full_round, tiny_policy, t
     other = cfg.model_copy(update={"credit": cfg.credit.model_copy(update={"lam": 0.5})})
     with pytest.raises(RoundConflict, match="nothing was overwritten"):
         run_round(other, 0, tiny_policy, tasks)
+
+
+def _copy(cfg, tmp_path, *overrides):
+    """A copy of the round's run folder and the same config pointed at it, with `overrides`."""
+    shutil.copytree(cfg.run.root, tmp_path / "runs")
+    return _config(tmp_path / "runs", **dict(o.split("=", 1) for o in overrides))
+
+
+def test_settings_no_stage_reads_do_not_block_a_resume(full_round, tmp_path, tiny_policy, tasks):
+    cfg, res = full_round
+    other = _copy(cfg, tmp_path, "logging.level=DEBUG", "logging.jsonl=false", "eval.max_tasks=3",
+                  "train.lr=0.5", "pipeline.num_shards=2", "pipeline.runner=DirectRunner")
+    again = run_round(other, 0, tiny_policy, tasks)
+    assert again.stage_seconds == {} and again.skipped == list(STAGES)
+
+
+def test_a_key_rollouts_read_is_refused_naming_stage_and_key(full_round, tmp_path, tiny_policy, tasks):
+    cfg, res = full_round
+    before = _checksums(res.round_dir)
+    for key, old, new in (("episode.max_turns", 3, 4), ("credit.gamma", 0.95, 0.9)):
+        other = _config(cfg.run.root, **{key: new})
+        with pytest.raises(RoundConflict) as e:
+            run_round(other, 0, tiny_policy, tasks)
+        assert f"stage rollouts was completed with other inputs: {key} {old} -> {new}." in str(e.value)
+        assert "\n" not in str(e.value)
+    with pytest.raises(RoundConflict, match="stage rollouts .*: tasks "):  # other training tasks
+        run_round(cfg, 0, tiny_policy, tasks[:2])
+    other_policy = shutil.copytree(tiny_policy, tmp_path / "policy")
+    (other_policy / "config.json").write_text((other_policy / "config.json").read_text() + "\n")
+    with pytest.raises(RoundConflict, match="stage rollouts .*: policy_version "):
+        run_round(cfg, 0, other_policy, tasks)
+    assert _checksums(res.round_dir) == before
+
+
+def test_a_credit_key_refuses_credit_but_keeps_rollouts(full_round, tmp_path, tiny_policy, tasks):
+    cfg, res = full_round
+    other = _copy(cfg, tmp_path, "credit.lam=0.5")
+    with pytest.raises(RoundConflict, match=r"stage credit_units .*: credit\.lam 1\.0 -> 0\.5\."):
+        run_round(other, 0, tiny_policy, tasks)
+    # the same change after a run stopped behind rollouts: rollouts is kept, credit runs with the new key
+    rd = schema.round_dir(other.run.root, other.run.run_id, 0)
+    manifest = schema.read_manifest(rd)
+    for stage in ("credit_units", "advantages"):
+        del manifest.stages[stage]
+    schema.write_manifest(manifest, rd)
+    rollout_tables = {k: v for k, v in _checksums(rd).items() if k.split("/")[0] in ("trajectories", "steps")}
+    resumed = run_round(other, 0, tiny_policy, tasks)
+    assert resumed.skipped == ["rollouts"] and list(resumed.stage_seconds) == ["credit_units", "advantages"]
+    assert {k: v for k, v in _checksums(rd).items() if k in rollout_tables} == rollout_tables
+    assert schema.read_manifest(rd).stages["advantages"]["inputs"]["credit.lam"] == 0.5
+
+
+def test_stage_inputs_hold_only_what_each_stage_reads(tasks):
+    base = _config("runs")
+    inputs = stage_inputs(base, version="v", tasks=tasks)
+    assert list(inputs) == list(STAGE_INPUTS) and inputs["credit_units"]["rollouts stage"]
+    same = stage_inputs(_config("elsewhere", **{"logging.level": "ERROR", "eval.samples": 3, "run.rounds": 5}),
+                        version="v", tasks=tasks)
+    assert {s: same[s] for s in STAGES} == {s: inputs[s] for s in STAGES}
+    lam = stage_inputs(_config("runs", **{"credit.lam": 0.5}), version="v", tasks=tasks)
+    assert lam["rollouts"] == inputs["rollouts"] and lam["credit_units"] != inputs["credit_units"]
+    assert lam["train"]["advantages stage"] != inputs["train"]["advantages stage"]  # upstream fingerprints
+    assert stage_inputs(base, version="v", tasks=tasks[:2])["rollouts"]["tasks"] != inputs["rollouts"]["tasks"]
 
 
 def test_sql_advantages_match_the_python_core(full_round):

@@ -23,10 +23,11 @@ from pipeline.policy.generation import GenerationResult
 from pipeline.rollout import row_id, run_rollouts, start_rollouts
 from pipeline.sandbox.judge import ExecResult
 from pipeline.tasks import load_source
-from workflows.report import ReportError, build_report, coloured_response, report_cmd
+from workflows.report import ReportError, build_report, coloured_response, load_arm, report_cmd
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 BUG = "    return None  # gave up\n"
+LOST = "# the sandbox dies on this one\n"
 
 
 class _Tok:
@@ -43,6 +44,8 @@ class _Executor:
     def run(self, task, files, *, hidden=False):
         ok = not any(BUG in text for text in files.values())
         total = task.hidden_tests.n_cases if hidden else task.visible_tests.n_cases
+        if any(LOST in text for text in files.values()):  # every retry fails: the rollout reaches the cap
+            return ExecResult("infra_error", 0, total, 0.0, "test", detail="worker died")
         return ExecResult("passed" if ok else "failed", total if ok else 0, total, 0.0, "test")
 
 
@@ -54,22 +57,26 @@ def _result(request, text: str) -> GenerationResult:
                             [-0.5] * len(starts), False)
 
 
-def write_round(run_dir, k: int, tasks, buggy_samples: set[int], heldout: float) -> None:
+def write_round(run_dir, k: int, tasks, buggy_samples: set[int], heldout: float,
+                lost_samples: frozenset[int] = frozenset()) -> None:
     """One round of a run: G=4 scripted episodes per task (write the reference, or the reference with a bug
-    appended, then finish), executed, credited with the real credit core, written as contract tables."""
+    appended, then finish), executed, credited with the real credit core, written as contract tables.
+    `lost_samples` write a file the sandbox always fails on: they end in the dead_letter table."""
     rollouts = [r for t in tasks for r in start_rollouts(t, run_id=run_dir.name, round_k=k, samples=4, root_seed=0,
                                                          policy_version=f"v{k}")]
     script = {}
     for r in rollouts:
         (path, text), = r.task.reference.items()
-        body = text + (BUG if r.sample_index in buggy_samples else "")
+        body = text + (BUG if r.sample_index in buggy_samples else "") + (LOST if r.sample_index in lost_samples
+                                                                            else "")
         script[row_id(r.traj_id, 0)] = f"<think>\nwrite it <all> & done\n</think>\n<write path=\"{path}\">\n{body}</write>"
         script[row_id(r.traj_id, 1)] = "<think>\nlooks right\n</think>\n<finish/>"
     trajs, steps, dead = run_rollouts(
         rollouts, lambda reqs: [_result(q, script[q.key]) for q in reqs], _Tok(), _Executor(),
         EpisodeSettings(max_turns=2), gamma=0.95)
-    assert not dead
+    assert len(dead) == len(tasks) * len(lost_samples)
     rd = schema.round_dir(run_dir.parent, run_dir.name, k)
+    schema.write_table(dead, schema.table_dir(rd, "dead_letter"), "dead_letter")
     schema.write_table(trajs, schema.table_dir(rd, "trajectories"), "trajectories")
     schema.write_table(steps, schema.table_dir(rd, "steps"), "steps")
     credit = compute_credit(step_inputs([dataclasses.asdict(s) for s in steps]), CreditSettings())
@@ -217,3 +224,21 @@ def test_report_command(run_dir, tmp_path):
     assert "4 figures, 2 explored steps" in res.output and (tmp_path / "r" / "index.html").is_file()
     res = CliRunner().invoke(app, ["--run", str(tmp_path / "missing")])
     assert res.exit_code == 1 and "does not exist" in res.output
+
+
+def test_rollouts_lost_to_the_sandbox_stay_in_the_counts(tmp_path):
+    from rich.console import Console
+
+    from workflows.summary import print_round_summary, summary_dict
+
+    run = tmp_path / "arm_lost"
+    # per task: samples 0, 1 pass, 2 reaches the sandbox retry cap (dead-lettered), 3 is buggy
+    write_round(run, 0, load_source("humaneval", limit=2), buggy_samples={3}, heldout=0.0, lost_samples={2})
+    console = Console(record=True, width=200)
+    s = print_round_summary(run / "round=0", console)
+    assert (s.rollouts, s.lost_to_sandbox, s.dead_letters, s.tasks) == (8, 2, 2, 2)
+    assert s.pass_rate == 0.5  # 4 passes of 8 started rollouts: the lost ones count as not passing
+    assert summary_dict(s)["lost_to_sandbox"] == 2
+    assert "lost to sandbox failures 2 of 8 rollouts" in " ".join(console.export_text().replace("│", " ").split())
+    rnd = load_arm(run).rounds[0]
+    assert (rnd.rollouts, rnd.lost_to_sandbox, rnd.pass_rate) == (8, 2, 0.5)

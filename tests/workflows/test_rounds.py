@@ -9,6 +9,7 @@ from rich.console import Console
 
 from pipeline import schema
 from pipeline.config import load_config
+from pipeline.run import RoundConflict
 from workflows.rounds import run_rounds
 
 pytestmark = pytest.mark.slow
@@ -43,3 +44,15 @@ def test_one_round_runs_every_stage_and_resumes(tmp_path, tiny_policy):
     again = run_rounds(cfg, 1, console=Console(quiet=True))  # a rerun resumes: nothing is redone
     assert again[0].heldout_pass_rate == rows[0].heldout_pass_rate
     assert {k: v["completed_at"] for k, v in schema.read_manifest(run_dir / "round=0").stages.items()} == stamps
+
+    # what no completed stage reads resumes; eval (a leaf nothing reads) measures again; a train key is refused
+    relaxed = cfg.model_copy(update={"logging": cfg.logging.model_copy(update={"level": "DEBUG"}),
+                                     "eval": cfg.eval.model_copy(update={"samples": 2})})
+    run_rounds(relaxed, 1, console=Console(quiet=True))
+    stages = schema.read_manifest(run_dir / "round=0").stages
+    assert stages["eval"]["inputs"]["eval.samples"] == 2
+    assert {k: v["completed_at"] for k, v in stages.items() if k != "eval"} == {
+        k: v for k, v in stamps.items() if k != "eval"}
+    faster = cfg.model_copy(update={"train": cfg.train.model_copy(update={"lr": 1e-3})})
+    with pytest.raises(RoundConflict, match=r"stage train was completed with other inputs: train\.lr \S+ -> 0\.001\."):
+        run_rounds(faster, 1, console=Console(quiet=True))

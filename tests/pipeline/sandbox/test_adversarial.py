@@ -239,3 +239,27 @@ def test_concurrent_pools_get_distinct_uids(pool):
         assert len(mine) == len(theirs) == 4 and not mine & theirs
     finally:
         other.close()
+
+
+RUNAWAYS = [
+    HOSTILE["fork_bomb"][0],
+    HOSTILE["infinite_loop"][0],
+    "import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n        time.sleep(0.3)\n"
+    "        os.kill(-1, 9)\n        time.sleep(30)\n    os._exit(0)\n" + GOOD.replace("a + b", "a - b"),
+    "x = []\nwhile True:\n    x.append(' ' * 10**6)\n",
+    "import threading, time\nthreading.Thread(target=lambda: time.sleep(60)).start()\n"
+    "def add(a, b):\n    return -1\n",
+]
+
+
+def test_runaway_jobs_never_spoil_the_next_correct_one(judge, task_factory):
+    """Runaway and correct jobs interleaved on both slots at once: every correct job is scored passed."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    kinds = ("check", "pytest", "io")
+    jobs = [(kinds[i % 3], code) for i in range(3) for code in RUNAWAYS for code in (code, GOOD)]
+    with ThreadPoolExecutor(4) as ex:  # more threads than slots: jobs queue up behind runaways
+        results = list(ex.map(lambda job: (job, judge.run(task_factory(job[0]), {"solution.py": job[1]})), jobs))
+    wrong = [(kind, r.status, r.detail) for (kind, code), r in results if code == GOOD and r.status != "passed"]
+    assert wrong == []
+    assert all(r.status != "passed" for (_, code), r in results if code != GOOD)
