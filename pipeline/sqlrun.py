@@ -88,7 +88,10 @@ def references(text: str, names: set[str] | frozenset[str]) -> set[str]:
 
 
 def _load(path: Path, layer: str | None) -> Query:
-    text = path.read_text().rstrip().rstrip(";").rstrip()
+    try:
+        text = path.read_text(encoding="utf-8").rstrip().rstrip(";").rstrip()
+    except UnicodeDecodeError as e:
+        raise SqlError(f"{path}: not UTF-8 text (byte {e.start})") from None
     return Query(name=path.stem, path=path, layer=layer, text=text)
 
 

@@ -27,6 +27,7 @@ import typer
 from pipeline.config import ConfigError, load_config, to_yaml
 from workflows.credit_cmd import credit
 from workflows.env_cmd import episode_cmd, exec_cmd
+from workflows.errors import DidpoGroup, UserError
 from workflows.eval_cmd import eval_cmd
 from workflows.model_cmd import model_app
 from workflows.pipeline_cmd import pipeline_app
@@ -35,7 +36,7 @@ from workflows.sft_cmd import sft
 from workflows.sql_cmd import sql
 from workflows.tasks_cmd import tasks_app
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+app = typer.Typer(cls=DidpoGroup, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="DiDPO: diff-level credit assignment for RL on multi-turn coding agents.")
 config_app = typer.Typer(no_args_is_help=True, help="Show and check configuration.")
 app.add_typer(config_app, name="config")
@@ -55,12 +56,15 @@ SetOpt = typer.Option([], "--set", help="override a key: --set credit.lam=0.6 (r
 
 
 def load_or_exit(config: Path | None, overrides: list[str]):
-    """Load the config, or print the explanation and exit 2 (usage error)."""
+    """Load the config, or refuse it with the explanation (a UserError: exit 2)."""
     try:
         return load_config(config, overrides)
     except ConfigError as e:
-        typer.echo(str(e), err=True)
-        raise typer.Exit(2) from None
+        raise UserError(str(e)) from None
+    except UnicodeDecodeError:
+        raise UserError(f"config file {config}: not UTF-8 text") from None
+    except OSError as e:  # a folder, an unreadable file
+        raise UserError(f"config file {e.filename}: {e.strerror}") from None
 
 
 @config_app.command("show")
@@ -100,7 +104,7 @@ def demo_cmd(config: Path | None = ConfigOpt, overrides: list[str] = SetOpt) -> 
 
 @app.command("round")
 def round_cmd(config: Path | None = ConfigOpt, overrides: list[str] = SetOpt,
-              rounds: int | None = typer.Option(None, help="policy rounds (default: run.rounds)")) -> None:
+              rounds: int | None = typer.Option(None, min=1, help="policy rounds (default: run.rounds)")) -> None:
     """Policy rounds: SFT once, then per round the pipeline, the update and a held-out evaluation (resumable)."""
     from pipeline.telemetry import configure
     from workflows.rounds import run_rounds
@@ -114,7 +118,7 @@ def round_cmd(config: Path | None = ConfigOpt, overrides: list[str] = SetOpt,
 def compare_cmd(config: Path | None = ConfigOpt, overrides: list[str] = SetOpt,
                 estimators: str = typer.Option("didpo,didpo_did,grpo", help="comma-separated estimator arms"),
                 seeds: str = typer.Option("0,1,2", help="comma-separated seeds (run.seed and train.seed)"),
-                rounds: int | None = typer.Option(None, help="policy rounds per arm (default: run.rounds)"),
+                rounds: int | None = typer.Option(None, min=1, help="policy rounds per arm (default: run.rounds)"),
                 compare_id: str = typer.Option("compare", "--id", help="folder under run.root for every arm"),
                 jobs: int = typer.Option(1, min=1, help="arms run at once, one process each")) -> None:
     """Estimator arms x seeds from one shared SFT start: per-round table, summary over seeds, figure, report."""
@@ -125,6 +129,11 @@ def compare_cmd(config: Path | None = ConfigOpt, overrides: list[str] = SetOpt,
     configure(cfg.logging.level)
     try:
         seed_list = [int(s) for s in seeds.split(",") if s.strip()]
+    except ValueError:
+        raise UserError(f"--seeds {seeds!r}: expected comma-separated integers, e.g. 0,1,2") from None
+    if any(s < 0 for s in seed_list):
+        raise UserError(f"--seeds {seeds!r}: seeds must be >= 0")
+    try:
         est_list = [e.strip() for e in estimators.split(",") if e.strip()]
         rows = run_compare(str(config) if config else None, overrides, est_list, seed_list,
                            rounds or cfg.run.rounds, compare_id, jobs)
@@ -148,10 +157,11 @@ def online_cmd(config: Path = typer.Option(..., "--config", "-c", help="YAML con
     online_main(argv + (["--print-args"] if print_args else []))
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """The `didpo` console script (argv: the arguments, default sys.argv[1:]); always ends in SystemExit."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    app()
+    app(args=argv, prog_name="didpo")
 
 
 if __name__ == "__main__":

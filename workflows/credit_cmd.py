@@ -3,7 +3,9 @@
 Reads a steps table (a Parquet file or a folder of parts; the data contract), runs
 `pipeline.credit.compute_credit` with the given settings and writes the subdiffs, anchors, anchor_members
 and advantages tables under DIR (DIR/<table>/part-00000.parquet) plus DIR/credit_diagnostics.json. Users
-re-run credit assignment with other settings without regenerating rollouts.
+re-run credit assignment with other settings without regenerating rollouts. DIR is written in a temp folder
+next to it and moved into place when complete, replacing an earlier credit output there; a failure leaves no
+half-written DIR.
 
     didpo credit --steps runs/local/round=0/steps --out /tmp/credit --estimator didpo --lambda 1.2
 """
@@ -20,7 +22,8 @@ from pydantic import ValidationError
 from pipeline.credit import CreditInputError, CreditResult, CreditSettings, compute_credit
 from pipeline.credit_io import CREDIT_TABLES as OUTPUT_TABLES
 from pipeline.credit_io import result_tables, steps_from_table
-from pipeline.schema import SchemaError, atomic_write, read_table, write_table
+from pipeline.schema import SchemaError, atomic_folder, atomic_write, read_table, write_table
+from workflows.errors import UserError
 
 __all__ = ["OUTPUT_TABLES", "credit", "result_tables", "steps_from_table", "write_credit"]
 
@@ -64,13 +67,26 @@ def credit(
             canonicalize_identifiers=canonicalize,
             **extra,
         )
-    except (ValidationError, json.JSONDecodeError, TypeError) as e:
-        typer.echo(f"invalid credit settings: {e}", err=True)
+    except ValidationError as e:
+        problems = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'settings'}: {err['msg']}" for err in e.errors())
+        typer.echo(f"invalid credit settings: {problems}", err=True)
         raise typer.Exit(2) from None
+    except (json.JSONDecodeError, TypeError) as e:
+        typer.echo(f"invalid credit settings: --settings-json: {e}", err=True)
+        raise typer.Exit(2) from None
+    # `out` is replaced whole: never a file or a folder that holds anything but an earlier credit output
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out}: exists and is not a folder")
+    if out.is_dir() and any(out.iterdir()) and not (out / "credit_diagnostics.json").is_file():
+        raise UserError(f"--out {out}: a folder with other content (not an earlier credit output); "
+                        "give a new or empty folder")
     try:
-        inputs = steps_from_table(read_table(steps, "steps"), str(steps))
-        result = compute_credit(inputs, settings)
-        write_credit(result, out)
+        table = read_table(steps, "steps")
+        if table.num_rows == 0:
+            raise UserError(f"--steps {steps}: the steps table has no rows, so there is nothing to assign credit to")
+        result = compute_credit(steps_from_table(table, str(steps)), settings)
+        with atomic_folder(out) as staging:
+            write_credit(result, staging)
     except (SchemaError, CreditInputError) as e:
         typer.echo(str(e), err=True)
         raise typer.Exit(1) from None

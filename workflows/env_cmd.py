@@ -14,29 +14,37 @@ import typer
 from pipeline.agent import Episode, EpisodeSettings
 from pipeline.sandbox import Judge, SandboxPool, SandboxSettings
 from pipeline.tasks import SOURCES, Task, load_source
+from workflows.errors import UserError, read_json, read_text
+
+
+def _load_tasks(source: str, **filters) -> list[Task]:
+    """load_source, with its refusals (unknown source or id, a bad task file) as the user's mistake."""
+    try:
+        return load_source(source, **filters)
+    except (ValueError, FileNotFoundError) as e:
+        raise UserError(str(e)) from None
 
 
 def _load_task(task_id: str) -> Task:
     source = task_id.split("/", 1)[0]
     if source not in SOURCES:
-        raise typer.BadParameter(f"task id {task_id!r}: unknown source {source!r} (known: {sorted(SOURCES)})")
-    tasks = load_source(source, ids=[task_id])
+        raise UserError(f"task id {task_id!r}: unknown source {source!r} (known: {', '.join(SOURCES)})")
+    tasks = _load_tasks(source, ids=[task_id])
     if not tasks:
-        raise typer.BadParameter(f"task {task_id!r} not found in the bundled {source} file")
+        raise UserError(f"task {task_id!r} not found in the bundled {source} file")
     return tasks[0]
 
 
 def _solution_files(task: Task, path: Path) -> dict[str, str]:
     """A JSON object {path: text} is a whole workspace; any other file replaces the task's main module."""
-    text = path.read_text(encoding="utf-8")
     if path.suffix == ".json":
-        data = json.loads(text)
+        data = read_json(path, "solution")
         if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in data.items()):
-            raise typer.BadParameter(f"{path}: a JSON solution must be an object mapping paths to file texts")
+            raise UserError(f"solution {path}: a JSON solution must be an object mapping paths to file texts")
         return {**task.workspace, **data}
     module = task.hidden_tests.module or task.visible_tests.module
     target = f"{module}.py" if module else next(iter(sorted(task.workspace)))
-    return {**task.workspace, target: text}
+    return {**task.workspace, target: read_text(path, "solution")}
 
 
 def exec_cmd(
@@ -46,26 +54,31 @@ def exec_cmd(
     all_tasks: bool = typer.Option(False, "--all", help="run every task of --source (its reference, or --buggy)"),
     source: str = typer.Option(None, "--source", help="with --all: the task source"),
     buggy: bool = typer.Option(False, "--buggy", help="with --all: run the starting (buggy) workspaces"),
-    pool_size: int = typer.Option(2, "--pool", help="sandbox workers"),
+    pool_size: int = typer.Option(2, "--pool", min=1, help="sandbox workers"),
 ) -> None:
     """Run one solution (or, with --all, every reference/buggy workspace) through the sandbox; print JSON."""
     logging.basicConfig(level=logging.WARNING)
+    # every input is checked before the sandbox starts
+    if all_tasks:
+        if not source:
+            raise UserError("--all needs --source")
+        tasks = _load_tasks(source)
+    else:
+        if not task or solution is None:
+            raise UserError("give --task and --solution (or --all --source)")
+        t = _load_task(task)
+        files = _solution_files(t, solution)
     with SandboxPool(SandboxSettings(pool_size=pool_size)) as pool:
         judge = Judge(pool)
         if all_tasks:
-            if not source:
-                raise typer.BadParameter("--all needs --source")
             counts: dict[str, int] = {}
-            for t in load_source(source):
+            for t in tasks:
                 res = judge.run(t, t.workspace if buggy else t.reference, hidden=True)
                 counts[res.status] = counts.get(res.status, 0) + 1
             typer.echo(json.dumps({"source": source, "workspaces": "buggy" if buggy else "reference",
                                    "isolation": pool.isolation, "counts": counts}))
             return
-        if not task or solution is None:
-            raise typer.BadParameter("give --task and --solution (or --all --source)")
-        t = _load_task(task)
-        res = judge.run(t, _solution_files(t, solution), hidden=hidden)
+        res = judge.run(t, files, hidden=hidden)
         typer.echo(json.dumps({"task": task, "hidden": hidden, "status": res.status, "passed": res.passed,
                                "total": res.total, "pass_fraction": res.pass_fraction,
                                "duration_s": round(res.duration_s, 4), "isolation": res.isolation,
@@ -76,13 +89,13 @@ def episode_cmd(
     task: str = typer.Option(..., "--task", help="task id"),
     responses: Path = typer.Option(..., "--responses", exists=True, dir_okay=False,  # noqa: B008
                                    help="JSON list of response strings"),
-    max_turns: int = typer.Option(8, "--max-turns"),
+    max_turns: int = typer.Option(8, "--max-turns", min=1),
 ) -> None:
     """Replay a list of responses as one episode; print each turn's parse result, diff, observation, reward."""
     logging.basicConfig(level=logging.WARNING)
-    items = json.loads(responses.read_text(encoding="utf-8"))
+    items = read_json(responses, "responses")
     if not isinstance(items, list) or not all(isinstance(x, str) for x in items):
-        raise typer.BadParameter(f"{responses}: expected a JSON list of strings")
+        raise UserError(f"responses {responses}: expected a JSON list of strings")
     t = _load_task(task)
     with SandboxPool(SandboxSettings(pool_size=1)) as pool:
         ep = Episode(t, Judge(pool), EpisodeSettings(max_turns=max_turns, min_turns_before_finish=0))

@@ -23,7 +23,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from pipeline.config import ConfigError, DidpoConfig, load_config
+from pipeline.config import DidpoConfig
 from pipeline.evaluation import SummaryRow
 
 DEFAULT_BENCHMARKS = "humaneval,humanevalplus,mbppplus,humanevalfix"
@@ -107,12 +107,10 @@ def eval_cmd(
 ) -> None:
     """Benchmark pass@1 / pass@k with multi-turn self-repair episodes in the sandbox."""
     from pipeline.evaluation import default_ks, parse_benchmarks
+    from pipeline.policy.loading import check_checkpoint
+    from workflows.cli import load_or_exit
 
-    try:
-        cfg = load_config(config, overrides)
-    except ConfigError as e:
-        typer.echo(str(e), err=True)
-        raise typer.Exit(2) from None
+    cfg = load_or_exit(config, overrides)
     try:
         names = parse_benchmarks(benchmarks)
         ks = sorted({int(x) for x in k.split(",") if x.strip()}) if k else list(default_ks(samples))
@@ -133,6 +131,7 @@ def eval_cmd(
         raise typer.Exit(2)
     out = out or Path(cfg.run.root) / cfg.run.run_id / "eval"
     try:
+        check_checkpoint(policy)  # before the benchmarks are loaded
         evaluate(cfg, policy, names, turns=turns or cfg.episode.max_turns, samples=samples,
                  temperature=temperature, ks=ks, limit=limit, on_overlap=on_overlap, out=out, console=Console())
     except (ValueError, FileNotFoundError) as e:

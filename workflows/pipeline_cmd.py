@@ -14,11 +14,12 @@ def run_cmd(
     ctx: typer.Context,
     config: Path | None = typer.Option(None, "--config", "-c", help="YAML config (default: configs/local.yaml)"),
     overrides: list[str] = typer.Option([], "--set", help="override a config key: --set a.b=c (repeatable)"),
-    round_k: int = typer.Option(0, "--round", help="policy round k"),
+    round_k: int = typer.Option(0, "--round", min=0, help="policy round k"),
     checkpoint: Path | None = typer.Option(None, help="policy checkpoint (default: policy.checkpoint)"),
     runner: str | None = typer.Option(None, help="Beam runner: FnApiRunner, DirectRunner, DataflowRunner, ..."),
 ) -> None:
     """Run or resume a round; unknown options (--project=..., --region=...) pass through to Beam."""
+    from pipeline.policy.loading import check_checkpoint
     from pipeline.run import RoundConflict, resolve_policy, run_round
     from pipeline.tasks.settings import resolve_tasks
     from workflows.cli import load_or_exit
@@ -27,7 +28,7 @@ def run_cmd(
     if runner:
         overrides = [*overrides, f"pipeline.runner={runner}"]
     cfg = load_or_exit(config, overrides)
-    ckpt = checkpoint or resolve_policy(cfg)
+    ckpt = check_checkpoint(checkpoint) if checkpoint else resolve_policy(cfg)  # before any worker starts
     train, _ = resolve_tasks(cfg.tasks)
     try:
         result = run_round(cfg, round_k, ckpt, train, beam_args=list(ctx.args))

@@ -31,7 +31,7 @@ def sft(
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
 
-    from pipeline.policy.loading import CheckpointError
+    from pipeline.policy.loading import CheckpointError, check_checkpoint
     from pipeline.telemetry import configure
     from training.sft import run_cold_start
     from workflows.cli import load_or_exit
@@ -40,6 +40,7 @@ def sft(
     configure(cfg.logging.level)
     torch.set_num_threads(threads)
     try:
+        check_checkpoint(checkpoint)  # before the demonstrations are built
         report = run_cold_start(cfg, checkpoint, out, [t for spec in cfg.tasks.eval for t in spec.load()],
                                 evaluate=evaluate)
     except (ValueError, FileExistsError, CheckpointError) as e:

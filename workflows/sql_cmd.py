@@ -9,8 +9,6 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Annotated
 
@@ -21,8 +19,18 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from pipeline import schema
 from pipeline.schema import SchemaError
-from pipeline.sqlrun import SqlError, available_queries, find_query, resolve_round, run_query, sql_params
+from pipeline.sqlrun import (
+    Query,
+    SqlError,
+    available_queries,
+    dependencies,
+    find_query,
+    resolve_round,
+    run_query,
+    sql_params,
+)
 
 OUT_FORMATS = (".csv", ".parquet")
 _DEFAULTS = sql_params()  # CreditSettings' defaults: one source of truth
@@ -64,18 +72,23 @@ def _flat_for_csv(result: pa.Table) -> pa.Table:
 
 def write_result(result: pa.Table, out: Path) -> None:
     """Write a query result to .csv or .parquet atomically (temp file + rename)."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
-    os.close(fd)
-    try:
-        if out.suffix == ".csv":
-            pacsv.write_csv(_flat_for_csv(result), tmp)
-        else:
-            pq.write_table(result, tmp, compression="zstd")
-        os.replace(tmp, out)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    if out.suffix == ".csv":
+        schema.atomic_write(out, lambda tmp: pacsv.write_csv(_flat_for_csv(result), tmp))
+    else:
+        schema.atomic_write(out, lambda tmp: pq.write_table(result, tmp, compression="zstd"))
+
+
+def _refuse_empty_inputs(query: Query, round_dir: Path) -> None:
+    """A query over tables without a single row answers nothing: refuse it rather than print an empty table."""
+    tables = sorted(dependencies(query)[1])
+    folders = [schema.table_dir(round_dir, t) for t in tables]
+    if not tables or not all(f.is_dir() for f in folders):
+        return  # nothing to check, or a missing table, which run_query refuses by name
+    rows = sum(schema.check_parquet_schema(part, table).metadata.num_rows
+               for table, folder in zip(tables, folders, strict=True) for part in schema.part_files(folder))
+    if rows == 0:
+        raise SqlError(f"{round_dir}: table(s) {', '.join(tables)} have no rows; query {query.name!r} has "
+                       "nothing to read (is the round complete?)")
 
 
 def _list_queries(console: Console) -> None:
@@ -114,6 +127,7 @@ def sql(
     try:
         query = find_query(name_or_file)
         round_dir = resolve_round(run)
+        _refuse_empty_inputs(query, round_dir)
         result = run_query(round_dir, name_or_file, {"adv_norm": adv_norm, "lam": lam})
     except (SqlError, SchemaError) as e:
         typer.echo(f"didpo sql: {e}", err=True)

@@ -172,6 +172,9 @@ _OPEN = re.compile(r"<([A-Za-z_][A-Za-z0-9_]*)((?:\s+[A-Za-z_]+\s*=\s*\"[^\"<>]*
 _ATTR = re.compile(r"([A-Za-z_]+)\s*=\s*\"([^\"<>]*)\"")
 _FILE_TAGS = {"edit": ("path",), "insert": ("path", "line"), "append": ("path",), "write": ("path",)}
 _CONTROL_TAGS = ("run_tests", "finish")
+# ASCII digits only: str.isdigit() also accepts '²' or '٣', which int() refuses. Nine significant digits keep
+# int() and json.dumps far from Python's 4,300-digit conversion limit (no file has a billion lines).
+_LINE = re.compile(r"0*([1-9][0-9]{0,8})")
 
 
 class _Invalid(Exception):
@@ -287,9 +290,11 @@ def _parse(text: str) -> Action:
             body, b_span, pos = _payload(text, m.end(), f"</{tag}>")
             line = None
             if tag == "insert":
-                if not attrs["line"].isdigit() or int(attrs["line"]) < 1:
-                    raise _Invalid("malformed_tag", f"line={attrs['line']!r} must be an integer >= 1", m.start())
-                line = int(attrs["line"])
+                number = _LINE.fullmatch(attrs["line"])
+                if not number:
+                    raise _Invalid("malformed_tag", f"line={attrs['line'][:20]!r} must be an integer from 1 to "
+                                   "999999999", m.start())
+                line = int(number.group(1))
             op: EditOp = "write" if tag == "write" else "insert"
             edits.append(Edit(op, path, "", body, None, b_span, line))
     if control:

@@ -461,3 +461,20 @@ def test_cli_errors_exit_nonzero_with_the_reason(round_path: Path, tmp_path: Pat
     assert unknown.exit_code == 1 and "no query named 'nope'" in unknown.output
     no_run = runner.invoke(app, ["sql", "reward_by_turn"])
     assert no_run.exit_code == 2
+
+
+def test_cli_refuses_tables_without_rows_and_unwritable_out(round_path: Path, tmp_path: Path, capsys) -> None:
+    from workflows.cli import main
+
+    empty = tmp_path / "round=0"
+    for table in ("steps", "trajectories"):
+        (empty / table).mkdir(parents=True)
+    bad = {"no rows": (["sql", "reward_by_turn", "--run", str(empty)], "have no rows"),
+           "unwritable out": (["sql", "reward_by_turn", "--run", str(round_path), "--out",
+                               str(round_path / "steps" / "part-00000.parquet" / "x.csv")], "part-00000.parquet")}
+    for args, culprit in bad.values():
+        with pytest.raises(SystemExit) as stop:
+            main(args)
+        err = capsys.readouterr().err
+        assert stop.value.code != 0 and "Traceback" not in err
+        assert err.count("\n") == 1 and culprit in err, err

@@ -13,6 +13,7 @@ from pipeline.agent import (
     Action,
     Edit,
     InvalidAction,
+    action_json,
     apply_action,
     parse_action,
     parse_response,
@@ -154,7 +155,8 @@ def test_render_parse_round_trip(action):
 def _check_total(result):
     assert isinstance(result, Action | InvalidAction)
     if isinstance(result, InvalidAction):
-        assert result.reason in INVALID_REASONS and result.detail
+        assert result.reason in INVALID_REASONS and result.detail and len(result.detail) < 500
+    action_json(result)  # what the steps table stores must serialize too
 
 
 @settings(max_examples=1000, deadline=None)
@@ -183,3 +185,70 @@ def test_overlapping_search_matches_are_ambiguous():
     ok = parse_action('<think>t</think><edit path="n.txt"><search>aaa</search><replace>b</replace></edit>',
                       files, max_file_bytes=1000)
     assert ok.ok and apply_action(ok, files, max_file_bytes=1000) == {"n.txt": "b\n"}
+
+
+# ------------------------------------------------------------------------------------ totality (never raises)
+# Digits that str.isdigit() accepts but int() refuses, digits of other scripts that int() does accept, and
+# numbers past Python's 4,300-digit int/str conversion limit.
+_NUMBERS = st.one_of(
+    st.sampled_from(["²", "³", "¹", "٣", "𝟘", "𝟙", "१", "٠١", "①", "Ⅻ", "1²", "-1", "+1", "0", "00", "1e3", "1_0",
+                     " 1", "1 ", "0x1", "", "1" * 4301, "9" * 10_000, "0" * 5000 + "1"]),
+    st.integers(min_value=-(10**30), max_value=10**30).map(str),
+    st.text(st.characters(whitelist_categories=("Nd", "No", "Nl")), min_size=1, max_size=12),
+    st.integers(1, 12_000).map(lambda n: "7" * n),
+)
+_TAGS = ["think", "edit", "search", "replace", "insert", "append", "write", "run_tests", "finish", "delete"]
+_ATTRS = st.one_of(st.sampled_from(['path="solution.py"', 'path="pkg/util.py"', 'path="a/../b"', 'path=""']),
+                   _NUMBERS.map(lambda n: f'line="{n}"'))
+_OPEN_TAGS = st.builds(lambda tag, attrs, close: f"<{tag}{''.join(' ' + a for a in attrs)}{close}>",
+                       st.sampled_from(_TAGS), st.lists(_ATTRS, max_size=3), st.sampled_from(["", "/"]))
+# whole blocks, mostly well formed, so the parser gets past the first block to the attributes of the next
+_BLOCKS = st.builds(lambda tag, attrs, body: f"<{tag}{''.join(' ' + a for a in attrs)}>{body}</{tag}>",
+                    st.sampled_from(["insert", "insert", "append", "write", "edit"]),
+                    st.lists(_ATTRS, min_size=1, max_size=2).map(lambda a: sorted(a, key=lambda x: x[0] != "p")),
+                    st.sampled_from(["x\n", "<search>a</search><replace>b</replace>", ""]) | st.text(max_size=6))
+_SOUP_PIECES = st.one_of(
+    _BLOCKS,
+    _BLOCKS,
+    _OPEN_TAGS,
+    st.sampled_from(_TAGS).map(lambda tag: f"</{tag}>"),
+    st.sampled_from(["<", "</", ">", "/>", '"', "=", " ", "\n", "def f():\n    return 1\n"]),
+    st.text(max_size=8),
+)
+
+
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(_SOUP_PIECES, max_size=30).map("".join), st.booleans())
+def test_tag_soup_never_raises(soup, truncated):
+    text = "<think>t</think>" + soup
+    _check_total(parse_response(text, truncated=truncated))
+    _check_total(parse_action(text, FILES, max_file_bytes=1000, truncated=truncated))
+    _check_total(parse_response(soup))
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_NUMBERS)
+def test_insert_line_is_ascii_digits_or_a_parse_error(number):
+    r = parse_response(f'<think>t</think><insert path="solution.py" line="{number}">x</insert>')
+    _check_total(r)
+    stripped = number.lstrip("0")
+    if number.isascii() and number.isdigit() and stripped and len(stripped) <= 9:
+        assert r.ok and r.edits[0].line == int(stripped)
+    else:
+        assert r.reason == "malformed_tag" and "line=" in r.detail, r
+
+
+@pytest.mark.parametrize("number", ["²", "1" * 4301])
+def test_unparseable_line_numbers_are_invalid_actions_not_errors(number):
+    """Regressions: '²' passes str.isdigit() but not int(); 4,301 digits pass neither int() nor str()."""
+    text = f'<think>t</think><insert path="solution.py" line="{number}">x</insert>'
+    for r in (parse_response(text), parse_action(text, FILES), parse_response(text, truncated=True)):
+        assert isinstance(r, InvalidAction) and r.reason in ("malformed_tag", "truncated"), r
+        assert "must be an integer" in r.detail and len(r.detail) < 120
+
+
+def test_line_numbers_keep_their_meaning():
+    r = parse_action('<think>t</think><insert path="solution.py" line="0002">Z = 0\n</insert>', FILES)
+    assert r.ok and r.edits[0].line == 2
+    far = parse_action('<think>t</think><insert path="solution.py" line="999999999">x</insert>', FILES)
+    assert far.reason == "malformed_tag" and "past the end" in far.detail

@@ -108,3 +108,43 @@ def test_command_refuses_bad_settings_and_bad_rows(tmp_path, steps_dir, same_fun
     run = CliRunner().invoke(_app(), ["--steps", str(bad), "--out", str(tmp_path / "o")])
     assert run.exit_code == 1 and "row 'r2'" in run.output and "step_reward" in run.output
     assert not (tmp_path / "o").exists()
+
+
+def test_a_failure_midway_leaves_no_half_written_output(tmp_path, steps_dir, monkeypatch):
+    """The tables are written to a temp folder next to --out and moved into place only when all are there."""
+    import workflows.credit_cmd as credit_cmd
+
+    out = tmp_path / "credit"
+    assert CliRunner().invoke(_app(), ["--steps", str(steps_dir), "--out", str(out)]).exit_code == 0
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    written = []
+
+    def write_then_fail(table, folder, name):
+        if written:
+            raise OSError(28, "No space left on device", str(folder))
+        written.append(name)
+        return write_table(table, folder, name)
+
+    monkeypatch.setattr(credit_cmd, "write_table", write_then_fail)
+    run = CliRunner().invoke(_app(), ["--steps", str(steps_dir), "--out", str(out), "--lambda", "0.5"])
+    assert run.exit_code != 0 and written
+    assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before  # untouched
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["credit", "steps"]  # no temp folder left behind
+
+
+def test_a_rerun_replaces_an_earlier_output_and_an_unwritable_out_is_one_line(tmp_path, steps_dir, capsys):
+    from workflows.cli import main
+
+    out = tmp_path / "credit"
+    assert CliRunner().invoke(_app(), ["--steps", str(steps_dir), "--out", str(out), "--lambda", "0.5"]).exit_code == 0
+    (out / "advantages" / "part-00009.parquet").write_bytes(b"stale")  # a leftover the rerun must not keep
+    assert CliRunner().invoke(_app(), ["--steps", str(steps_dir), "--out", str(out)]).exit_code == 0
+    assert not (out / "advantages" / "part-00009.parquet").exists()
+    assert math.isclose(read_table(out / "advantages", "advantages").column("lam")[0].as_py(), 1.0)
+
+    blocked = tmp_path / "steps" / "part-00000.parquet" / "out"  # a path under a file
+    with pytest.raises(SystemExit) as stop:
+        main(["credit", "--steps", str(steps_dir), "--out", str(blocked)])
+    err = capsys.readouterr().err
+    assert stop.value.code != 0 and "Traceback" not in err
+    assert err.count("\n") == 1 and err.startswith("error: ") and "part-00000.parquet" in err
