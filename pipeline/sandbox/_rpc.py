@@ -20,7 +20,7 @@ process T. They talk over a pair of pipes with this object RPC:
 Framing: 4-byte big-endian length + UTF-8 JSON. Whatever U sends is decoded defensively: a malformed,
 oversized or too deeply nested message raises `ProtocolError` in T, which fails the test that caused it.
 
-Run as a script, this file is U: `python -I -S _rpc.py SPEC_JSON` (see `serve_candidate`).
+U runs `serve_candidate` (started by the slot's zygote, see `_worker.Zygote`).
 """
 
 from __future__ import annotations
@@ -782,7 +782,8 @@ def serve_candidate(spec: dict) -> None:
     """
     for fd in (3, 4):
         os.set_inheritable(fd, False)  # a subprocess of the candidate does not inherit the channel
-    sys.path[:0] = [os.getcwd()]
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [os.getcwd(), *(p for p in sys.path if p and os.path.abspath(p) != here)]
     sys.path.extend(p for p in spec.get("paths", []) if type(p) is str)
     sys.argv = [sys.argv[0]]
     peer = Peer(3, 4, trusted=False)
@@ -791,6 +792,3 @@ def serve_candidate(spec: dict) -> None:
     except (ValueError, OSError):
         pass  # T went away or sent garbage: nothing left to serve
 
-
-if __name__ == "__main__":
-    serve_candidate(json.loads(sys.argv[1]) if len(sys.argv) > 1 else {})

@@ -150,7 +150,7 @@ class _Worker:
         }
         if self.isolation == BWRAP:
             return {**cfg, "workspace_dir": "/ws", "tmp_dir": "/tmp", "tests_dir": "/tests",
-                    "extra_tmp": ["/dev/shm"], "rpc_file": RPC_IN_SANDBOX}
+                    "extra_tmp": ["/dev/shm"]}
         base = tempfile.mkdtemp(prefix=f"didpo-slot{self.index}-")
         os.chmod(base, 0o755)
         dirs = {name: os.path.join(base, name) for name in ("ws", "tmp", "tests")}
