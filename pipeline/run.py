@@ -31,6 +31,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from pipeline import schema
 from pipeline.config import DidpoConfig, config_hash, load_config
 from pipeline.policy.handlers import make_handler
+from pipeline.schema import RoundConflict
 from pipeline.tasks.base import Task
 from pipeline.telemetry import get_logger
 from pipeline.transforms.credit import DEAD, OUTPUTS, CreditUnits
@@ -65,10 +66,6 @@ STAGE_INPUTS: dict[str, StageInputs] = {
     "eval": StageInputs(("eval", "run.seed", "policy", "episode", "sandbox", "pipeline.max_batch_size",
                          "credit.gamma"), ("train",)),
 }
-
-
-class RoundConflict(RuntimeError):
-    """A completed stage of the round folder read other inputs than this run would: refuse, don't overwrite."""
 
 
 def git_sha() -> str:

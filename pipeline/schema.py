@@ -43,6 +43,10 @@ class SchemaError(ValueError):
     """A table or manifest does not honour the data contract; the message names the file and the column."""
 
 
+class RoundConflict(RuntimeError):
+    """A completed stage of the round folder read other inputs than this run would: refuse, don't overwrite."""
+
+
 def col(arrow_type: pa.DataType, doc: str, default: Any = dataclasses.MISSING) -> Any:
     """A dataclass field that knows its Arrow type and meaning."""
     meta = {"arrow": arrow_type, "doc": doc}

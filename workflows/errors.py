@@ -19,7 +19,7 @@ from typer.core import TyperGroup
 from pipeline.config import ConfigError
 from pipeline.credit import CreditInputError
 from pipeline.policy.loading import CheckpointError
-from pipeline.schema import SchemaError
+from pipeline.schema import RoundConflict, SchemaError
 from pipeline.sqlrun import SqlError
 from pipeline.tasks.records import TaskFormatError
 
@@ -32,7 +32,7 @@ class UserError(typer.TyperException):
 
 # the library's refusals of bad input; each message already names the file, the id or the key
 USER_ERRORS: tuple[type[Exception], ...] = (ConfigError, CheckpointError, CreditInputError, SchemaError, SqlError,
-                                            TaskFormatError)
+                                            TaskFormatError, RoundConflict)
 
 
 def read_text(path: Path, what: str) -> str:

@@ -133,3 +133,15 @@ def test_episode_survives_line_numbers_the_parser_used_to_raise_on(tmp_path, cap
     assert code == 0, err
     turns = [json.loads(line) for line in out.splitlines() if line.startswith('{"turn"')]
     assert [t["action"]["reason"] for t in turns] == ["malformed_tag", "malformed_tag"]
+
+
+def test_a_refused_resume_is_one_line(capsys, monkeypatch):
+    """`didpo round` over a round whose completed stage read other inputs: the conflict, not a traceback."""
+    import workflows.rounds
+    from pipeline.schema import RoundConflict
+
+    def conflict(cfg, rounds):
+        raise RoundConflict("runs/x/round=0: stage train was completed with other inputs: train.lr 0.01 -> 0.001.")
+
+    monkeypatch.setattr(workflows.rounds, "run_rounds", conflict)
+    assert_refused(capsys, ["round", "--rounds", "1"], "stage train")
