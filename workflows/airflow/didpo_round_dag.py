@@ -40,6 +40,8 @@ from airflow.providers.apache.beam.operators.beam import BeamRunPythonPipelineOp
 DIDPO_HOME = os.environ.get("DIDPO_HOME", "/opt/didpo")
 PYTHON = f"{DIDPO_HOME}/.venv/bin/python"
 DIDPO = f"{DIDPO_HOME}/.venv/bin/didpo"
+# as shell words: the checkout may live under a path with spaces
+HOME_SH, PYTHON_SH, DIDPO_SH = shlex.quote(DIDPO_HOME), shlex.quote(PYTHON), shlex.quote(DIDPO)
 BEAM_RUNNERS = ("FnApiRunner", "DirectRunner", "FlinkRunner", "SparkRunner", "DataflowRunner")
 FLEX = "DataflowFlexTemplate"
 
@@ -107,7 +109,7 @@ def _choose(params: dict, **_) -> str:
 
 # ---- the DAG ------------------------------------------------------------------------------------------------
 
-RUN_DIR = "{{ resolved(ti).run_dir }}"
+RUN_DIR = "{{ resolved(ti).run_dir | q }}"  # a shell word
 ROUND = "{{ params.round }}"
 NEXT_POLICY = f"{RUN_DIR}/round={ROUND}/policy"
 
@@ -131,7 +133,7 @@ if policy and not os.path.isdir(policy):
     sys.exit(f"round {k} samples with {policy}, which does not exist: run round {k - 1} first")
 print(json.dumps({"run_dir": run, "policy": policy}))
 """
-RESOLVE_COMMAND = (f"cd {DIDPO_HOME} && {PYTHON} -c {shlex.quote(RESOLVE_SCRIPT)} {{{{ params.round }}}} "
+RESOLVE_COMMAND = (f"cd {HOME_SH} && {PYTHON_SH} -c {shlex.quote(RESOLVE_SCRIPT)} {{{{ params.round }}}} "
                    "{{ in_home(params.config) | q }} {{ params.overrides | map('q') | join(' ') }}")
 ARGS = "{{ config_args(params) }}"
 
@@ -207,12 +209,12 @@ with DAG(
     train = BashOperator(
         task_id="train",
         trigger_rule="none_failed_min_one_success",  # after whichever pipeline branch ran
-        bash_command=f"cd {DIDPO_HOME} && {DIDPO} round {ARGS} --rounds {{{{ params.round + 1 }}}}",
+        bash_command=f"cd {HOME_SH} && {DIDPO_SH} round {ARGS} --rounds {{{{ params.round + 1 }}}}",
         execution_timeout=timedelta(hours=24),
     )
     evaluate = BashOperator(
         task_id="evaluate",
-        bash_command=(f"cd {DIDPO_HOME} && {DIDPO} eval --policy {NEXT_POLICY} "
+        bash_command=(f"cd {HOME_SH} && {DIDPO_SH} eval --policy {NEXT_POLICY} "
                       "--benchmarks {{ params.benchmarks }} --samples {{ params.eval_samples }} "
                       "{% if params.eval_limit %}--limit {{ params.eval_limit }} {% endif %}"
                       f"--out {RUN_DIR}/round={ROUND}/eval {ARGS}"),
@@ -220,7 +222,7 @@ with DAG(
     )
     report = BashOperator(
         task_id="report",
-        bash_command=f"cd {DIDPO_HOME} && {DIDPO} report --run {RUN_DIR} --out {RUN_DIR}/report",
+        bash_command=f"cd {HOME_SH} && {DIDPO_SH} report --run {RUN_DIR} --out {RUN_DIR}/report",
     )
 
     resolve_run >> choose_runner >> [pipeline_beam, pipeline_flex]
