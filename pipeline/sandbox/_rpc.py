@@ -27,6 +27,9 @@ from __future__ import annotations
 
 import builtins
 import collections
+import importlib
+import importlib.abc
+import importlib.util
 import json
 import math
 import os
@@ -505,8 +508,6 @@ class Peer:
         raise PermissionError(f"the candidate may not {op} {args[:1]!r} on a test object")
 
     def _import(self, name: str) -> dict:
-        import importlib
-
         module = importlib.import_module(name)
         exports = {}
         for key, value in vars(module).items():
@@ -722,9 +723,6 @@ def install_remote_modules(peer: Peer, names) -> None:
     `from NAME import *` binds the candidate's public names except those that shadow a builtin: a candidate
     cannot redefine `abs` or `isinstance` for the tests.
     """
-    import importlib.abc
-    import importlib.util
-
     names, shadowed = frozenset(names), frozenset(dir(builtins))
 
     class Loader(importlib.abc.Loader):

@@ -144,6 +144,8 @@ def _open_fds() -> list[int]:
 
 
 def _uid_pids(uid: int) -> list[int]:
+    """Processes whose real uid is `uid` (read from status: /proc/<pid> itself is root's once a process changed
+    its uid, since that makes it non-dumpable)."""
     pids = []
     for name in os.listdir("/proc"):
         if name.isdigit():
@@ -172,18 +174,19 @@ def _live_pids(uid: int) -> list[int]:
     return live
 
 
-def sweep(uid: int | None, pgids: list[int]) -> None:
-    """Kill everything a job left behind: its process groups, then (as root) every process of its uid."""
+def sweep(uid: int | None, pgids: list[int]) -> bool:
+    """Kill everything a job left behind: its process groups, then (as root) every process of its uid.
+    False when processes of the uid still survive (the slot must then be replaced)."""
     for pg in pgids:
         try:
             os.killpg(pg, signal.SIGKILL)
         except OSError:
             pass
     if uid is None or os.getuid() != 0:
-        return
+        return True
     for _ in range(50):  # a fork bomb races the first rounds; NPROC bounds it, so this converges
         if not _uid_pids(uid):
-            return
+            return True
         pid = os.fork()
         if pid == 0:
             try:
@@ -193,6 +196,7 @@ def sweep(uid: int | None, pgids: list[int]) -> None:
                 os._exit(0)
         os.waitpid(pid, 0)
         _reap()
+    return not _live_pids(uid)
 
 
 def _wait_killed(pids: list[int], within_s: float = 0.2) -> None:
@@ -561,6 +565,7 @@ class Slot:
         if os.getuid() != 0:
             self.uid_test = self.uid_code = None
         self.zygote = Zygote()
+        self.dirty = True  # checked before the first job
 
     # -- directories
     def _dirs(self) -> list[tuple[str, int | None, int]]:
@@ -611,14 +616,15 @@ class Slot:
                 raise CandidateFileError(f"cannot write {rel[:200]!r}: {why}") from None
 
     def _ensure_clean(self) -> None:
-        """Nothing of an earlier job may run when this one starts: a survivor could signal or starve it."""
+        """Nothing of an earlier job may run when this one starts: a survivor could signal or starve it.
+        Each job ends with a sweep that knows whether it left the uids empty; only then is this a re-check."""
+        if not self.dirty:
+            return
         uids = [u for u in (self.uid_code, self.uid_test) if u is not None]
-        for uid in uids:
-            if _uid_pids(uid):
-                sweep(uid, [])
-        left = [uid for uid in uids if _live_pids(uid)]
+        left = [uid for uid in uids if not sweep(uid, [])]
         if left:
             raise SlotDirty(f"processes of uid {left} survive from an earlier job")
+        self.dirty = False
 
     # -- one job
     def run(self, job: dict) -> dict:
@@ -733,8 +739,9 @@ class Slot:
                 pass
         _wait_killed(list(pending))
         pending = {}  # exits recorded from here on were caused by us, not by the code
-        sweep(self.uid_code, list(children))
-        sweep(self.uid_test, [])
+        clean = sweep(self.uid_code, list(children))
+        clean = sweep(self.uid_test, []) and clean
+        self.dirty = not clean
         remove_ipc([u for u in (self.uid_code, self.uid_test) if u is not None])
         for pid, status in _reap():
             if pid in pending:
