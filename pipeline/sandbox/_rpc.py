@@ -279,6 +279,8 @@ class Peer:
         self._proxies: dict[int, object] = {}  # remote handle id -> its proxy here
         self._shadows: dict[int, type] = {}  # remote class handle id -> shadow class here
         self.pid = os.getpid()
+        # function-style suites (check, io): what a call returns must be plain data, never a candidate object
+        self.plain_results = False
 
     # -- handles of my objects
     def _export(self, obj) -> dict:
@@ -378,11 +380,16 @@ class Peer:
         return cls
 
     # -- requests
-    def request(self, op: str, target=None, *args):
-        """Send one request and serve the other side's nested requests until its reply comes."""
+    def request(self, op: str, target=None, *args, keep: bool = False):
+        """Send one request and serve the other side's nested requests until its reply comes.
+
+        keep: the other side answers with a handle even when the result is plain data (see `_binary`).
+        """
         msg = {"q": op, "args": self.enc(list(args))}
         if target is not None:
             msg["target"] = self.enc(target)
+        if keep:
+            msg["keep"] = True
         write_msg(self.wfd, msg)
         while True:
             try:
@@ -397,7 +404,10 @@ class Peer:
                 self._serve_one(reply)
                 continue
             if "ok" in reply:
-                return self.dec(reply["ok"])
+                value = self.dec(reply["ok"])
+                if self.plain_results and op == "call" and _holds_remote(value):
+                    raise TypeError("the candidate returned an object that is not plain data")
+                return value
             if "exc" in reply:
                 raise self._exception(reply["exc"])
             raise ProtocolError("malformed reply")
@@ -446,7 +456,8 @@ class Peer:
     def _serve_one(self, msg) -> None:
         try:
             result = self._perform(msg)
-            reply = {"ok": self.enc(result)}
+            keep = type(msg) is dict and msg.get("keep") is True and not self.trusted
+            reply = {"ok": {"h": self._export(result)} if keep else self.enc(result)}
         except BaseException as exc:  # noqa: BLE001 - every failure crosses as an exception
             if os.getpid() != self.pid:  # a forked child of the candidate unwound into this loop: it must not reply
                 os._exit(0)
@@ -584,20 +595,28 @@ def _typed(value, kind: type, what: str):
 class Remote:
     """An object of the candidate process. Every use is forwarded there; comparisons with plain data are False."""
 
-    __slots__ = ("_didpo_peer", "_didpo_hid", "__weakref__")
+    __slots__ = ("_didpo_peer", "_didpo_hid", "_didpo_taint", "__weakref__")
 
     def _didpo(self, name, *args):
+        if _tainted(self):  # computed from the test's own values: stays an object, never plain data
+            if name in _CONVERSIONS:
+                raise TypeError(f"{name} of a value the candidate computed from the test's data")
+            return _taint(_peer_of(self).request("dunder", self, name, *args, keep=True))
         return _peer_of(self).request("dunder", self, name, *args)
 
     def __getattr__(self, name):
         if name.startswith("_didpo"):
             raise AttributeError(name)
+        if _tainted(self):
+            return _taint(_peer_of(self).request("getattr", self, name, keep=True))
         return _peer_of(self).request("getattr", self, name)
 
     def __setattr__(self, name, value):
         _peer_of(self).request("setattr", self, name, value)
 
     def __call__(self, *args, **kwargs):
+        if _tainted(self):
+            return _taint(_peer_of(self).request("call", self, list(args), dict(kwargs), keep=True))
         return _peer_of(self).request("call", self, list(args), dict(kwargs))
 
     def __str__(self):
@@ -669,7 +688,7 @@ class Remote:
 
     def _didpo_compare(self, name, other):
         # the candidate's own comparison only between its own objects: never against T's plain values
-        if isinstance(other, Remote) and _peer_of(other) is _peer_of(self):
+        if isinstance(other, Remote) and _peer_of(other) is _peer_of(self) and not (_tainted(self) or _tainted(other)):
             return self._didpo(name, other)
         return NotImplemented
 
@@ -692,9 +711,43 @@ class Remote:
         return self._didpo_compare("__ge__", other)
 
 
+_CONVERSIONS = frozenset({"__str__", "__repr__", "__len__", "__bool__", "__hash__", "__int__", "__index__",
+                          "__float__"})
+
+
+def _tainted(obj) -> bool:
+    try:
+        return object.__getattribute__(obj, "_didpo_taint") is True
+    except AttributeError:
+        return False
+
+
+def _taint(obj):
+    if isinstance(obj, Remote):
+        object.__setattr__(obj, "_didpo_taint", True)
+    return obj
+
+
+def _holds_remote(value, _depth: int = 0) -> bool:
+    if isinstance(value, Remote | _RemoteMeta) or (isinstance(value, BaseException) and "_didpo_hid" in vars(value)):
+        return True
+    if _depth < MAX_DEPTH and type(value) in (list, tuple, set, frozenset):
+        return any(_holds_remote(v, _depth + 1) for v in value)
+    if _depth < MAX_DEPTH and type(value) is dict:
+        return any(_holds_remote(k, _depth + 1) or _holds_remote(v, _depth + 1) for k, v in value.items())
+    return False
+
+
 def _binary(name):
     def op(self, other):
-        return self._didpo(name, other)
+        # With one of the test's own values as operand, the candidate would learn it (the expected value in
+        # `abs(result - expected) < eps`) and could answer any plain number: such a result stays a candidate
+        # object, so it never compares equal to or less than the test's values. Between two candidate objects
+        # (Rational(1, 2) + Rational(1, 2)) the result is what the candidate's own arithmetic says.
+        mixed = not (isinstance(other, Remote) and _peer_of(other) is _peer_of(self))
+        if mixed or _tainted(self) or _tainted(other):
+            return _taint(_peer_of(self).request("dunder", self, name, other, keep=True))
+        return _peer_of(self).request("dunder", self, name, other)
 
     op.__name__ = name
     return op

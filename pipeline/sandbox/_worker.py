@@ -34,6 +34,7 @@ import resource
 import select
 import shutil
 import signal
+import subprocess
 import sys
 import time
 import traceback
@@ -47,6 +48,7 @@ except ImportError:  # pragma: no cover - exercised inside the sandbox
 MAX_MSG_BYTES = _rpc.MAX_MSG_BYTES
 NotPlain, encode, decode = _rpc.NotPlain, _rpc.encode, _rpc.decode
 write_msg, read_msg, _HDR = _rpc.write_msg, _rpc.read_msg, _rpc._HDR
+MAX_PATH_DEPTH = 32  # directory levels of one workspace path
 RPC_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_rpc.py")
 
 
@@ -297,6 +299,7 @@ def _remote_import(module: str):
 def run_tester(job: dict, peer: _rpc.Peer, result_w: int) -> None:
     """T for check suites: each test file defines check(candidate); its asserting statements are the cases
     (a file without any is one case). The candidate's functions are proxies into U."""
+    peer.plain_results = True  # HumanEval-style functions return plain data; a candidate object is a failure
     _rpc.install_remote_modules(peer, candidate_modules(job["files"]))
     module, import_error = _remote_import(job["module"])
     entry = None
@@ -351,7 +354,7 @@ def run_io(job: dict, peer: _rpc.Peer, result_w: int) -> None:
     """T for io suites: stream one plain-data output (or exception name) per input, reduced first when
     job["reduce"] names a reduction (see `_REDUCTIONS`)."""
     reduce = _REDUCTIONS[job.get("reduce")]
-    _rpc.install_remote_modules(peer, candidate_modules(job["files"]))
+    _rpc.install_remote_modules(peer, candidate_modules(job["files"]))  # outputs: plain data or NotPlain
     module, error = _remote_import(job["module"])
     fn = None
     if module is not None:
@@ -581,12 +584,17 @@ class Slot:
             for name in os.listdir(d):
                 p = os.path.join(d, name)
                 if os.path.isdir(p) and not os.path.islink(p):
-                    shutil.rmtree(p, ignore_errors=True)
+                    try:
+                        shutil.rmtree(p, ignore_errors=True)
+                    except RecursionError:  # a tree deeper than the stack (the code made it): rm has no limit
+                        subprocess.run(["rm", "-rf", "--one-file-system", p], check=False)
                 else:
                     try:
                         os.unlink(p)
                     except OSError:
                         pass
+            if os.listdir(d):
+                self.dirty = True  # something could not be removed: the slot is replaced before the next job
             if owner is not None:
                 os.chown(d, owner, owner)
             os.chmod(d, mode)
@@ -597,6 +605,8 @@ class Slot:
             parts = rel.split("/")
             if rel.startswith("/") or any(p in ("", ".", "..") for p in parts):
                 raise CandidateFileError(f"refusing workspace path {rel[:200]!r}")
+            if len(parts) > MAX_PATH_DEPTH:
+                raise CandidateFileError(f"path {rel[:80]!r}... is {len(parts)} levels deep (at most {MAX_PATH_DEPTH})")
             try:
                 d = root
                 for p in parts[:-1]:
@@ -625,6 +635,9 @@ class Slot:
         if left:
             raise SlotDirty(f"processes of uid {left} survive from an earlier job")
         self.dirty = False
+        self._reset_dirs()
+        if self.dirty:
+            raise SlotDirty("files of an earlier job could not be removed")
 
     # -- one job
     def run(self, job: dict) -> dict:
@@ -861,6 +874,8 @@ def main() -> None:
                 reply = {"ok": True, "report": slot.run(msg["job"])}
             else:
                 reply = {"ok": False, "error": f"unknown op {msg['op']!r}"}
+        except SlotDirty as exc:  # the host replaces this slot and runs the job on a clean one
+            reply = {"ok": False, "error": str(exc), "dirty": True}
         except Exception as exc:  # noqa: BLE001 - reported to the host as an infrastructure error
             reply = {"ok": False, "error": traceback.format_exc(limit=5)[-2000:] or repr(exc)}
         write_msg(stdout, reply)

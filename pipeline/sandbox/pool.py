@@ -51,6 +51,43 @@ class InfraError(RuntimeError):
     """The sandbox itself failed (worker died, protocol broke, could not start): never the policy's fault."""
 
 
+class SlotDirty(InfraError):
+    """A slot that an earlier job left unclean refused a job: replace the slot and run the job there."""
+
+
+def _in_keeper_thread(fn):
+    """Run `fn` on one thread that lives as long as the process. bubblewrap's --die-with-parent fires when
+    the *thread* that started it exits, so a slot restarted from a short-lived thread (a rollout worker's
+    executor) would die under the next job."""
+    with _KEEPER_LOCK:
+        if not _KEEPER:
+            jobs: queue.Queue = queue.Queue()
+
+            def serve():
+                while True:
+                    task, box, done = jobs.get()
+                    try:
+                        box.append((True, task()))
+                    except BaseException as exc:  # noqa: BLE001 - handed back to the caller
+                        box.append((False, exc))
+                    done.set()
+
+            threading.Thread(target=serve, name="didpo-sandbox-keeper", daemon=True).start()
+            _KEEPER.append(jobs)
+    box: list = []
+    done = threading.Event()
+    _KEEPER[0].put((fn, box, done))
+    done.wait()
+    ok, value = box[0]
+    if not ok:
+        raise value
+    return value
+
+
+_KEEPER: list = []
+_KEEPER_LOCK = threading.Lock()
+
+
 def _python_roots() -> list[str]:
     """Directories the interpreter needs: the venv (sys.prefix) and the base installation, deduplicated."""
     roots = []
@@ -173,10 +210,10 @@ class _Worker:
             argv = [sys.executable, "-s", "-B", _worker.__file__, json.dumps(cfg)]
             env = {**_ENV, "HOME": cfg["workspace_dir"], "TMPDIR": cfg["tmp_dir"]}
             cwd = cfg["workspace_dir"]
-        self.proc = subprocess.Popen(
+        self.proc = _in_keeper_thread(lambda: subprocess.Popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=cwd,
             start_new_session=True, close_fds=True,
-        )
+        ))
         threading.Thread(target=self._drain_stderr, args=(self.proc,), daemon=True).start()
         hello = self._read(time.monotonic() + deadline_s)
         if not hello or not hello.get("ready"):
@@ -205,7 +242,8 @@ class _Worker:
         if reply is None:
             raise InfraError(f"sandbox slot {self.index}: worker exited (status {self.proc.wait()})")
         if not reply.get("ok"):
-            raise InfraError(f"sandbox slot {self.index}: {reply.get('error', 'unknown worker error')}")
+            kind = SlotDirty if reply.get("dirty") else InfraError
+            raise kind(f"sandbox slot {self.index}: {reply.get('error', 'unknown worker error')}")
         return reply
 
     def kill(self) -> None:
@@ -319,13 +357,20 @@ class SandboxPool:
         """Run one job; retries on sandbox failure, then returns {"infra_error": message}."""
         timeout = float(timeout_s if timeout_s is not None else self.settings.timeout_s)
         job = {**job, "timeout_s": timeout}
-        last = ""
-        for _attempt in range(self.settings.infra_retries + 1):
+        last, attempts, replaced = "", self.settings.infra_retries + 1, 0
+        while attempts > 0:
             worker = self._slots.get()
             try:
                 return self._run_on(worker, job, timeout)
+            except SlotDirty as exc:  # the earlier job's wreckage, not this job's: a fresh slot, no attempt spent
+                last = str(exc)
+                replaced += 1
+                attempts -= replaced > 2
+                log.warning("sandbox slot %d left unclean by an earlier job; replacing it: %s", worker.index, last)
+                self._restart(worker)
             except InfraError as exc:
                 last = str(exc)
+                attempts -= 1
                 log.warning("sandbox infra error (will restart slot %d): %s", worker.index, last)
                 self._restart(worker)
             finally:

@@ -263,3 +263,41 @@ def test_runaway_jobs_never_spoil_the_next_correct_one(judge, task_factory):
     wrong = [(kind, r.status, r.detail) for (kind, code), r in results if code == GOOD and r.status != "passed"]
     assert wrong == []
     assert all(r.status != "passed" for (_, code), r in results if code != GOOD)
+
+
+def test_a_slot_restarted_from_a_short_lived_thread_keeps_running(judge, pool, task_factory):
+    """bubblewrap dies with the *thread* that started it: restarts happen on the pool's keeper thread."""
+    import threading
+
+    worker = pool._slots.queue[0]
+    t = threading.Thread(target=pool._restart, args=(worker,))
+    t.start()
+    t.join()
+    import time
+
+    time.sleep(0.3)  # the parent-death signal would have arrived by now
+    assert worker.proc is not None and worker.proc.poll() is None
+    for _ in range(4):
+        assert judge.run(task_factory(), {"solution.py": GOOD}).status == "passed"
+
+
+def test_a_path_too_deep_and_a_tree_too_deep_are_the_candidates(judge, task_factory):
+    deep = {"solution.py": GOOD, "d/" * 2100 + "x.py": "x = 1\n"}
+    res = judge.run(task_factory(), deep)
+    assert res.status == "crashed" and "levels deep" in res.detail, res
+    grow = ("import os\nos.chdir('/tmp')\nfor _ in range(3000):\n    os.mkdir('d')\n    os.chdir('d')\n" + GOOD)
+    for kind in ("check", "pytest"):
+        assert judge.run(task_factory(kind), {"solution.py": grow}).status == "passed"
+        assert judge.run(task_factory(kind), {"solution.py": GOOD}).status == "passed"
+
+
+def test_arithmetic_with_the_tests_values_cannot_fake_a_comparison(judge, task_factory):
+    """`abs(result - expected) < eps` with a candidate object: the difference stays the candidate's object."""
+    tests = {"test_add.py": "from solution import add\n\n\ndef test_close():\n"
+                            "    assert abs(add(1, 2) - 3) < 1e-9\n"}
+    liar = ("class Z:\n    def __sub__(self, other):\n        return 0.0\n    __rsub__ = __sub__\n"
+            "def add(a, b):\n    return Z()\n")
+    check = {"case_0.py": "from solution import *\n\ndef check(candidate):\n    assert abs(candidate(1, 2) - 3) < 1e-9\n"}
+    assert judge.run(task_factory("pytest", tests), {"solution.py": liar}).status == "failed"
+    assert judge.run(task_factory(tests=check), {"solution.py": liar}).status == "failed"
+    assert judge.run(task_factory("pytest", tests), {"solution.py": GOOD}).status == "passed"

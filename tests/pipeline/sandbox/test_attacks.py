@@ -1,0 +1,89 @@
+"""The generic attack catalogue (benchmarks/judge_attacks.py) on real bundled tasks of each suite kind.
+
+No attack may earn a pass (the judge was fooled) or an `infra_error` (the candidate escaped its reward), and
+the judge must not raise on what a candidate submits. After the infra attacks the slots still judge honest
+code correctly. The full sets run in the benchmark; here a few small tasks a kind keep this under a minute.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from pipeline.tasks import load_source
+
+_PATH = Path(__file__).resolve().parents[3] / "benchmarks" / "judge_attacks.py"
+
+
+def _load_catalogue():
+    spec = importlib.util.spec_from_file_location("judge_attacks_under_test", _PATH)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
+
+
+attacks = _load_catalogue()
+
+SHAPED = ("shadow", "liar", "rpc")  # mechanisms whose outcome depends on how the tests use the values
+TASKS = {  # suite kind -> (source, native id, mechanisms run on it): small, fast, each there for a reason
+    "check": [("humaneval", "HumanEval/0", attacks.MECHANISMS),  # `candidate(...) == True`
+              ("humaneval", "HumanEval/4", SHAPED)],  # `abs(candidate(...) - x) < 1e-6`: shadowed abs, a liar's abs()
+    "io": [("humanevalplus", "HumanEval/55", attacks.MECHANISMS),  # 31 inputs
+           ("mbppplus", "Mbpp/793", SHAPED)],  # 3 inputs
+    "pytest": [("exercism", "accumulate", attacks.MECHANISMS),  # the tests pass lambdas to the candidate
+               ("exercism", "clock", SHAPED)],  # a class with dunders; candidate objects compared with each other
+}
+ALLOWED = ("failed", "crashed", "timeout", "invalid_action", "skipped")  # skipped: the attack does not apply
+
+
+@pytest.fixture(scope="module")
+def tasks():
+    return {kind: [(load_source(src, ids=[native])[0], mechanisms) for src, native, mechanisms in entries]
+            for kind, entries in TASKS.items()}
+
+
+@pytest.mark.parametrize("kind", sorted(TASKS))
+@pytest.mark.parametrize("mechanism", attacks.MECHANISMS)
+def test_generic_attacks_neither_pass_nor_escape(judge, pool, tasks, mechanism, kind):
+    targets = [task for task, mechanisms in tasks[kind] if mechanism in mechanisms]
+    jobs = [(a, t) for a in attacks.ATTACKS if a.mechanism == mechanism for t in targets]
+    with ThreadPoolExecutor(pool.settings.pool_size) as ex:
+        outcomes = list(ex.map(lambda job: attacks.attack_once(judge, *job, pool.isolation), jobs))
+    if all(o.status == "skipped" for o in outcomes):
+        pytest.skip(f"no {mechanism} attack applies to {kind} tasks here")
+    bad = [f"{o.attack.name} on {o.task.task_id}: {o.status} {o.detail}" for o in outcomes if o.status not in ALLOWED]
+    if mechanism == "infra":  # whatever the attacks left behind, the next honest job is judged right
+        for task in targets:
+            res = judge.run(task, task.reference, hidden=True)
+            if res.status != "passed":
+                bad.append(f"afterwards the reference of {task.task_id}: {res.status} {res.detail[:200]}")
+    assert not bad, "\n".join(bad)
+
+
+def test_catalogue_covers_every_mechanism_with_unique_names():
+    names = [a.name for a in attacks.ATTACKS]
+    assert len(names) == len(set(names))
+    assert {a.mechanism for a in attacks.ATTACKS} == set(attacks.MECHANISMS)
+    assert attacks.select_attacks("leak,liar_str") == [a for a in attacks.ATTACKS
+                                                       if a.mechanism == "leak" or a.name == "liar_str"]
+    with pytest.raises(ValueError, match="unknown attack"):
+        attacks.select_attacks("nope")
+
+
+@pytest.mark.parametrize("source, native", [entry[:2] for entries in TASKS.values() for entry in entries])
+def test_attacks_keep_the_workspace_and_define_what_the_tests_import(source, native):
+    """Generic attacks replace only the candidate module and define every name the tests import from it."""
+    task = load_source(source, ids=[native])[0]
+    files = next(a for a in attacks.ATTACKS if a.name == "liar_universal").build(task)
+    for path in attacks.candidate_paths(task):
+        code = compile(files[path], path, "exec")
+        ns: dict = {"__name__": path[:-3]}
+        exec(code, ns)
+        wanted = set(attacks.imports_of_tests(task).get(path[:-3], ())) | {task.hidden_tests.entry_point}
+        assert {n for n in wanted if n and n != "*"} <= set(ns), path
+    assert set(task.workspace) <= set(files)
