@@ -296,18 +296,23 @@ def _remote_import(module: str):
         return None, _exc_text(exc)
 
 
+def _entry_point(job: dict, peer: _rpc.Peer):
+    """The proxy of the candidate's entry point: (function, None) or (None, why not)."""
+    _rpc.install_remote_modules(peer, candidate_modules(job["files"]))
+    module, error = _remote_import(job["module"])
+    if module is None:
+        return None, error
+    try:
+        return getattr(module, job["entry_point"]), None
+    except BaseException as exc:  # noqa: BLE001
+        return None, f"the module defines no {job['entry_point']}: {_exc_text(exc)}"
+
+
 def run_tester(job: dict, peer: _rpc.Peer, result_w: int) -> None:
     """T for check suites: each test file defines check(candidate); its asserting statements are the cases
     (a file without any is one case). The candidate's functions are proxies into U."""
     peer.plain_results = True  # HumanEval-style functions return plain data; a candidate object is a failure
-    _rpc.install_remote_modules(peer, candidate_modules(job["files"]))
-    module, import_error = _remote_import(job["module"])
-    entry = None
-    if module is not None:
-        try:
-            entry = getattr(module, job["entry_point"])
-        except BaseException as exc:  # noqa: BLE001
-            import_error = f"the module defines no {job['entry_point']}: {_exc_text(exc)}"
+    entry, import_error = _entry_point(job, peer)
     results = []
     for path, source in job["tests"]:
         code, cases = instrument_check(source, path)
@@ -354,14 +359,7 @@ def run_io(job: dict, peer: _rpc.Peer, result_w: int) -> None:
     """T for io suites: stream one plain-data output (or exception name) per input, reduced first when
     job["reduce"] names a reduction (see `_REDUCTIONS`)."""
     reduce = _REDUCTIONS[job.get("reduce")]
-    _rpc.install_remote_modules(peer, candidate_modules(job["files"]))  # outputs: plain data or NotPlain
-    module, error = _remote_import(job["module"])
-    fn = None
-    if module is not None:
-        try:
-            fn = getattr(module, job["entry_point"])
-        except BaseException as exc:  # noqa: BLE001
-            error = _exc_text(exc)
+    fn, error = _entry_point(job, peer)  # its outputs: plain data, or NotPlain below
     if fn is None:
         write_msg(result_w, {"import_error": error})
         return
