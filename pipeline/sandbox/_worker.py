@@ -579,7 +579,10 @@ class Slot:
         for d, owner, mode in self._dirs():
             if not os.path.isdir(d):
                 continue
+            keep = set(self.cfg.get("keep", {}).get(d, ()))
             for name in os.listdir(d):
+                if name in keep:
+                    continue
                 p = os.path.join(d, name)
                 if os.path.isdir(p) and not os.path.islink(p):
                     try:
@@ -591,7 +594,7 @@ class Slot:
                         os.unlink(p)
                     except OSError:
                         pass
-            if os.listdir(d):
+            if set(os.listdir(d)) - keep:
                 self.dirty = True  # something could not be removed: the slot is replaced before the next job
             if owner is not None:
                 os.chown(d, owner, owner)

@@ -186,8 +186,11 @@ class _Worker:
             "preload": list(s.preload),
         }
         if self.isolation == BWRAP:
+            # a venv under /tmp is bound inside the private /tmp: its top folder stays (root's, read-only)
+            in_tmp = sorted({Path(r).parts[2] for r in _python_roots() if Path(r).parts[1:2] == ("tmp",)
+                             and len(Path(r).parts) > 2})
             return {**cfg, "workspace_dir": "/ws", "tmp_dir": "/tmp", "tests_dir": "/tests",
-                    "extra_tmp": ["/dev/shm"]}
+                    "extra_tmp": ["/dev/shm"], "keep": {"/tmp": in_tmp}}
         base = tempfile.mkdtemp(prefix=f"didpo-slot{self.index}-")
         os.chmod(base, 0o755)
         dirs = {name: os.path.join(base, name) for name in ("ws", "tmp", "tests")}
