@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import gc
 import json
 import os
 import resource
@@ -491,6 +492,7 @@ def zygote_main(sock_fd: int) -> None:
         except ImportError:
             pass
     _LIBC.append(ctypes.CDLL(None, use_errno=True))  # confine's prctl, loaded once rather than per job
+    gc.freeze()  # the candidate's collector never walks (and copies) the preloaded modules' objects
     sock = socket.socket(fileno=sock_fd)
     while True:
         try:
@@ -859,6 +861,7 @@ def main() -> None:
             pass
     sys.path[:] = [p for p in sys.path if p and os.path.abspath(p) != os.path.dirname(os.path.abspath(__file__))]
     slot = Slot(cfg)
+    gc.freeze()  # a forked tester's collector then never walks (and copies) the worker's preloaded objects
     stdin, stdout = os.dup(0), os.dup(1)
     devnull = os.open(os.devnull, os.O_RDWR)
     os.dup2(devnull, 0)

@@ -35,7 +35,8 @@ TASKS = {  # suite kind -> (source, native id, mechanisms run on it): small, fas
               ("humaneval", "HumanEval/4", SHAPED)],  # `abs(candidate(...) - x) < 1e-6`: shadowed abs, a liar's abs()
     "io": [("humanevalplus", "HumanEval/55", attacks.MECHANISMS),  # 31 inputs
            ("mbppplus", "Mbpp/793", SHAPED)],  # 3 inputs
-    "pytest": [("exercism", "accumulate", attacks.MECHANISMS),  # the tests pass lambdas to the candidate
+    # Exercism shows its tests to the policy, so reading them is no leak: that mechanism has no pytest case
+    "pytest": [("exercism", "accumulate", tuple(m for m in attacks.MECHANISMS if m != "leak")),  # lambdas passed in
                ("exercism", "clock", SHAPED)],  # a class with dunders; candidate objects compared with each other
 }
 ALLOWED = ("failed", "crashed", "timeout", "invalid_action", "skipped")  # skipped: the attack does not apply
@@ -47,15 +48,16 @@ def tasks():
             for kind, entries in TASKS.items()}
 
 
-@pytest.mark.parametrize("kind", sorted(TASKS))
-@pytest.mark.parametrize("mechanism", attacks.MECHANISMS)
+CASES = [(m, k) for k in sorted(TASKS) for m in attacks.MECHANISMS if any(m in ms for *_, ms in TASKS[k])]
+
+
+@pytest.mark.parametrize(("mechanism", "kind"), CASES)
 def test_generic_attacks_neither_pass_nor_escape(judge, pool, tasks, mechanism, kind):
     targets = [task for task, mechanisms in tasks[kind] if mechanism in mechanisms]
     jobs = [(a, t) for a in attacks.ATTACKS if a.mechanism == mechanism for t in targets]
     with ThreadPoolExecutor(pool.settings.pool_size) as ex:
         outcomes = list(ex.map(lambda job: attacks.attack_once(judge, *job, pool.isolation), jobs))
-    if all(o.status == "skipped" for o in outcomes):
-        pytest.skip(f"no {mechanism} attack applies to {kind} tasks here")
+    assert any(o.status != "skipped" for o in outcomes), f"no {mechanism} attack ran on {kind} tasks"
     bad = [f"{o.attack.name} on {o.task.task_id}: {o.status} {o.detail}" for o in outcomes if o.status not in ALLOWED]
     if mechanism == "infra":  # whatever the attacks left behind, the next honest job is judged right
         for task in targets:
