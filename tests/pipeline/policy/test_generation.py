@@ -299,10 +299,14 @@ def test_logprobs_are_those_of_the_sampling_distribution(
         ids = torch.tensor([prompt + result.response_token_ids])
         with torch.inference_mode():
             logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1]
-        expected = sampling_logprobs(logits, 0.7, 0.95)[
-            range(len(result.response_token_ids)), result.response_token_ids
-        ]
-        assert torch.allclose(torch.tensor(result.behavior_logprobs), expected, atol=1e-4)
+        got = torch.tensor(result.behavior_logprobs)
+        # The cached decode and this full forward pass differ in the last float32 bits, so a token whose
+        # cumulative mass sits within a hair of top_p may be inside one nucleus and outside the other; that
+        # shifts the renormaliser by the token's own (tiny) probability. Either membership is exact.
+        at = range(len(result.response_token_ids)), result.response_token_ids
+        candidates = [sampling_logprobs(logits, 0.7, top_p)[at] for top_p in (0.95, 0.95 - 1e-5, 0.95 + 1e-5)]
+        close = torch.stack([(got - c).abs() <= 1e-5 for c in candidates]).any(dim=0)
+        assert close.all(), (got, candidates[0])
 
 
 def test_results_do_not_depend_on_the_rest_of_the_batch(tiny_checkpoint, tok, model, prompts):
