@@ -287,12 +287,7 @@ class Peer:
         theirs = _remote_id(obj, self)
         if theirs is not None:  # a proxy going home: the other side resolves it to its own object
             return {"o": "U" if self.trusted else "T", "id": theirs}
-        key = id(obj)
-        hid = self._ids.get(key)
-        if hid is None:
-            hid = len(self._objects) + 1
-            self._objects[hid], self._ids[key] = obj, hid
-        info = {"o": self.side, "id": hid}
+        info = {"o": self.side, "id": self._handle_id(obj)}
         if isinstance(obj, type):
             info["cls"] = self._class_info(obj)
         else:
@@ -305,15 +300,15 @@ class Peer:
         for k in cls.__mro__:
             if k is object or getattr(builtins, k.__name__, None) is k:
                 break
-            chain.append([self._export_class_id(k), k.__name__])
+            chain.append([self._handle_id(k), k.__name__])
         return {"chain": chain, "base": _builtin_base(cls)}
 
-    def _export_class_id(self, cls: type) -> int:
-        key = id(cls)
-        hid = self._ids.get(key)
+    def _handle_id(self, obj) -> int:
+        """The handle of one of my objects: the same id each time it crosses, kept alive for the job."""
+        hid = self._ids.get(id(obj))
         if hid is None:
             hid = len(self._objects) + 1
-            self._objects[hid], self._ids[key] = cls, hid
+            self._objects[hid], self._ids[id(obj)] = obj, hid
         return hid
 
     def enc(self, value):
@@ -620,21 +615,6 @@ class Remote:
             return _taint(_peer_of(self).request("call", self, list(args), dict(kwargs), keep=True))
         return _peer_of(self).request("call", self, list(args), dict(kwargs))
 
-    def __str__(self):
-        return _typed(self._didpo("__str__"), str, "__str__")
-
-    def __repr__(self):
-        return _typed(self._didpo("__repr__"), str, "__repr__")
-
-    def __len__(self):
-        return _typed(self._didpo("__len__"), int, "__len__")
-
-    def __bool__(self):
-        return _typed(self._didpo("__bool__"), bool, "__bool__")
-
-    def __hash__(self):
-        return _typed(self._didpo("__hash__"), int, "__hash__")
-
     def __iter__(self):
         return self._didpo("__iter__")
 
@@ -662,15 +642,6 @@ class Remote:
     def __exit__(self, exc_type, exc, tb):
         # the type and the exception cross as handles (the test may check their identity); never the traceback
         return self._didpo("__exit__", exc_type, exc, None)
-
-    def __int__(self):
-        return _typed(self._didpo("__int__"), int, "__int__")
-
-    def __index__(self):
-        return _typed(self._didpo("__index__"), int, "__index__")
-
-    def __float__(self):
-        return _typed(self._didpo("__float__"), float, "__float__")
 
     def __round__(self, *n):
         return self._didpo("__round__", *n)
@@ -754,6 +725,18 @@ def _binary(name):
     op.__name__ = name
     return op
 
+
+def _conversion(name: str, kind: type):
+    def convert(self):  # the candidate's answer must be of the exact builtin type Python expects here
+        return _typed(self._didpo(name), kind, name)
+
+    convert.__name__ = name
+    return convert
+
+
+for _name, _kind in (("__str__", str), ("__repr__", str), ("__len__", int), ("__bool__", bool), ("__hash__", int),
+                     ("__int__", int), ("__index__", int), ("__float__", float)):
+    setattr(Remote, _name, _conversion(_name, _kind))
 
 for _name in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "and", "or", "xor", "lshift", "rshift",
               "matmul", "radd", "rsub", "rmul", "rtruediv", "rfloordiv", "rmod", "rpow", "rand", "ror", "rxor"):

@@ -61,13 +61,17 @@ _PR_SET_CHILD_SUBREAPER = 36
 _LIBC: list = []  # loaded once in the worker, so forked children do not pay for importing ctypes
 
 
+def _libc():
+    if not _LIBC:
+        import ctypes
+
+        _LIBC.append(ctypes.CDLL(None, use_errno=True))
+    return _LIBC[0]
+
+
 def _prctl(option: int, arg: int) -> None:
     try:
-        if not _LIBC:
-            import ctypes
-
-            _LIBC.append(ctypes.CDLL(None, use_errno=True))
-        _LIBC[0].prctl(option, arg, 0, 0, 0)
+        _libc().prctl(option, arg, 0, 0, 0)
     except (OSError, AttributeError):
         pass  # best effort; bwrap already sets no-new-privs
 
@@ -83,10 +87,7 @@ def remove_ipc(uids: list[int]) -> int:
     removed = 0
     if not uids:
         return removed
-    if not _LIBC:
-        import ctypes
-
-        _LIBC.append(ctypes.CDLL(None, use_errno=True))
+    libc = _libc()
     for table, (call, id_col, uid_col, extra) in _SYSV_TABLES.items():
         try:
             with open(f"/proc/sysvipc/{table}") as fh:
@@ -95,7 +96,7 @@ def remove_ipc(uids: list[int]) -> int:
             continue
         for row in rows:
             if len(row) > uid_col and int(row[uid_col]) in uids:
-                getattr(_LIBC[0], call)(int(row[id_col]), *extra, _IPC_RMID, None)
+                getattr(libc, call)(int(row[id_col]), *extra, _IPC_RMID, None)
                 removed += 1
     return removed
 
@@ -482,7 +483,6 @@ class Zygote:
 
 def zygote_main(sock_fd: int) -> None:
     """The zygote's loop (see `Zygote`): preload, then per request fork a U that waits for its job."""
-    import ctypes
     import socket
 
     for name in ("collections", "itertools", "functools", "math", "re", "string", "heapq", "bisect", "random",
@@ -491,7 +491,7 @@ def zygote_main(sock_fd: int) -> None:
             __import__(name)
         except ImportError:
             pass
-    _LIBC.append(ctypes.CDLL(None, use_errno=True))  # confine's prctl, loaded once rather than per job
+    _libc()  # confine's prctl, loaded once rather than per job
     gc.freeze()  # the candidate's collector never walks (and copies) the preloaded modules' objects
     sock = socket.socket(fileno=sock_fd)
     while True:
