@@ -191,8 +191,9 @@ def encode(value, handle=None, _depth: int = 0):
         return {"B": value.__name__}
     if t in _VALUE_TYPES:  # stdlib values with honest equality: rebuilt from their fields on the other side
         return {"v": [_VALUE_TYPES[t], _value_fields(value)]}
-    item = getattr(t, "item", None)  # numpy scalars: a common, honest return type
-    if t.__module__ == "numpy" and callable(item) and getattr(value, "ndim", 1) == 0:
+    # numpy scalars: a common, honest return type. The module test comes first: reading any other attribute
+    # of a proxy's class would be a request to the other side.
+    if t.__module__ == "numpy" and callable(getattr(t, "item", None)) and getattr(value, "ndim", 1) == 0:
         return encode(value.item(), handle, _depth + 1)
     if isinstance(value, _PLAIN_BASES) and not isinstance(value, BaseException):
         return encode(_plain_value(value), handle, _depth + 1)

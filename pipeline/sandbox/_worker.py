@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import functools
 import gc
 import json
 import os
@@ -229,13 +230,17 @@ def _reap() -> list[tuple[int, int]]:
 
 
 # ---------------------------------------------------------------------------------------- check suites
-def instrument_check(source: str, filename: str = "<tests>") -> tuple[types.CodeType, list[dict]]:
+@functools.lru_cache(maxsize=512)
+def instrument_check(source: str, filename: str = "<tests>") -> tuple[types.CodeType, tuple[dict, ...]]:
     """Compile a HumanEval-style test file so each top-level statement of `check` that asserts is one case.
 
     Returns (code, cases); the code defines `check`, whose cases call `__didpo_case__(i, exc_or_None)`.
-    Module-level calls `check(...)` are dropped: the harness calls check itself.
+    Module-level calls `check(...)` are dropped: the harness calls check itself. Cached: the worker compiles
+    a task's tests once, before it forks the tester, and each later job of the task (a rollout group) forks
+    with the result.
     """
     tree = ast.parse(source, filename)
+    lines = source.replace("\r\n", "\n").replace("\r", "\n").split("\n")  # as the parser counts lines
     body, cases = [], []
     for node in tree.body:
         if (
@@ -249,27 +254,37 @@ def instrument_check(source: str, filename: str = "<tests>") -> tuple[types.Code
             new_body = []
             for stmt in node.body:
                 if any(isinstance(n, ast.Assert) for n in ast.walk(stmt)):
-                    i = len(cases)
-                    text = ast.get_source_segment(source, stmt) or ""
-                    cases.append({"line": stmt.lineno, "source": text.splitlines()[0][:200] if text else ""})
-                    new_body.append(_wrap_case(stmt, i))
+                    # the statement's first line (offsets count UTF-8 bytes)
+                    end = stmt.end_col_offset if stmt.end_lineno == stmt.lineno else None
+                    first = lines[stmt.lineno - 1].encode()[stmt.col_offset:end].decode("utf-8", "replace")
+                    cases.append({"line": stmt.lineno, "source": first[:200]})
+                    new_body.append(_wrap_case(stmt, len(cases) - 1))
                 else:
                     new_body.append(stmt)
-            node.body = new_body or [ast.Pass()]
+            node.body = new_body or [_located(ast.Pass(), node)]
         body.append(node)
     tree.body = body
-    ast.fix_missing_locations(tree)
-    return compile(tree, filename, "exec"), cases
+    return compile(tree, filename, "exec"), tuple(cases)
+
+
+def _located(node: ast.AST, at: ast.AST) -> ast.AST:
+    """`node` and every node under it that has no position take `at`'s (only new nodes lack one, so this
+    does not walk the test's own statements the way ast.fix_missing_locations walks the whole tree)."""
+    for n in ast.walk(node):
+        if "lineno" in n._attributes and not hasattr(n, "lineno"):
+            ast.copy_location(n, at)
+    return node
 
 
 def _wrap_case(stmt: ast.stmt, i: int) -> ast.stmt:
+    """try: <stmt> except BaseException as e: __didpo_case__(i, e) else: __didpo_case__(i, None)"""
     call = lambda arg: ast.Expr(  # noqa: E731
         ast.Call(ast.Name("__didpo_case__", ast.Load()), [ast.Constant(i), arg], [])
     )
     handler = ast.ExceptHandler(ast.Name("BaseException", ast.Load()), "__didpo_e__",
                                 [call(ast.Name("__didpo_e__", ast.Load()))])
-    wrapped = ast.Try([stmt], [handler], [call(ast.Constant(None))], [])
-    return ast.copy_location(wrapped, stmt)
+    otherwise = call(ast.Constant(None))
+    return _located(ast.Try([stmt], [_located(handler, stmt)], [_located(otherwise, stmt)], []), stmt)
 
 
 def _exc_text(exc: BaseException) -> str:
@@ -439,38 +454,61 @@ class Zygote:
 
     The zygote forks each U one job ahead: the U waits (as root, doing nothing) on its own channel until the
     worker hands it the job's descriptors, confinement and directory, so the fork is off the critical path.
-    U is handed over through an intermediate process that exits at once: orphaned, U becomes this worker's
-    child (the worker is a subreaper), and the worker waits for it like any other child.
+    U stays the zygote's child; the zygote reaps it and reports its exit status on the same socket
+    (`{"exited": pid, "status": st}`), after the fork reply that named it.
     """
 
-    def __init__(self):
+    def __init__(self, preload: list[str]):
         import socket
         import subprocess
 
         self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.proc = subprocess.Popen(
-            [sys.executable, "-S", "-s", "-B", os.path.abspath(__file__), "--zygote", str(theirs.fileno())],
+            [sys.executable, "-S", "-s", "-B", os.path.abspath(__file__), "--zygote", str(theirs.fileno()),
+             *(m for m in preload if m not in _TESTER_ONLY)],
             pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
         theirs.close()
-        self._next = None
+        self.waiting = None  # (pid, channel) of the U forked ahead, once its reply has been read
+        self.exits: dict[int, int] = {}  # pid -> wait status, as reported and not yet taken
         self.sock.send(b"fork")
 
-    def _take(self):
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def pump(self, block: bool) -> bool:
+        """Read one message from the zygote (waiting for it when `block`); False when none was there."""
         import socket
 
-        msg, fds, _flags, _addr = socket.recv_fds(self.sock, 4096, 1)
-        pid = json.loads(msg).get("pid") if msg else None
-        if type(pid) is not int or len(fds) != 1:
+        try:
+            msg, fds, _flags, _addr = socket.recv_fds(self.sock, 4096, 1, 0 if block else socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return False
+        reply = json.loads(msg) if msg else {}
+        if type(reply.get("exited")) is int and type(reply.get("status")) is int and not fds:
+            self.exits[reply["exited"]] = reply["status"]
+            return True
+        pid = reply.get("pid")
+        if type(pid) is not int or len(fds) != 1 or self.waiting is not None:
             for fd in fds:
                 os.close(fd)
             raise RuntimeError(f"the zygote could not start a candidate process: {msg[:200]!r}")
-        return pid, socket.socket(fileno=fds[0])
+        self.waiting = pid, socket.socket(fileno=fds[0])
+        return True
+
+    def wait_exit(self, pid: int, within_s: float) -> None:
+        """Block until the zygote reports `pid` gone (it was just killed), for at most `within_s`."""
+        end = time.monotonic() + within_s
+        while pid not in self.exits and (left := end - time.monotonic()) > 0:
+            if select.select([self.sock], [], [], left)[0]:
+                self.pump(block=False)
 
     def spawn(self, uid: int | None, limits: dict, cwd: str, fds: list[int]) -> int:
         """Hand the waiting U its job: confined to `uid` in `cwd`, with `fds` as its 1, 2, 3, 4. Returns its pid."""
         import socket
 
-        pid, chan = self._take()
+        while self.waiting is None:
+            self.pump(block=True)
+        (pid, chan), self.waiting = self.waiting, None
         spec = {"uid": uid, "limits": limits, "cwd": cwd,
                 "paths": [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))]}
         try:
@@ -481,12 +519,14 @@ class Zygote:
         return pid
 
 
-def zygote_main(sock_fd: int) -> None:
-    """The zygote's loop (see `Zygote`): preload, then per request fork a U that waits for its job."""
+_TESTER_ONLY = frozenset({"pytest"})  # preloaded by the worker for T; U's zygote stays small without them
+
+
+def zygote_main(sock_fd: int, preload: list[str]) -> None:
+    """The zygote's loop (see `Zygote`): preload, then fork a U per request and report each U's exit."""
     import socket
 
-    for name in ("collections", "itertools", "functools", "math", "re", "string", "heapq", "bisect", "random",
-                 "copy", "typing", "fractions", "decimal", "statistics", "datetime", "hashlib"):
+    for name in preload:
         try:
             __import__(name)
         except ImportError:
@@ -494,32 +534,39 @@ def zygote_main(sock_fd: int) -> None:
     _libc()  # confine's prctl, loaded once rather than per job
     gc.freeze()  # the candidate's collector never walks (and copies) the preloaded modules' objects
     sock = socket.socket(fileno=sock_fd)
-    while True:
-        try:
-            if not sock.recv(16):
-                return
-        except OSError:
-            return
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        middle = os.fork()
-        if middle == 0:
-            try:
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+    try:
+        while True:
+            ready = select.select([sock, wake_r], [], [])[0]
+            if wake_r in ready:
+                while os.read(wake_r, 4096) == 4096:
+                    pass
+                for pid, status in _reap():
+                    sock.send(json.dumps({"exited": pid, "status": status}).encode())
+            if sock in ready:
+                if not sock.recv(16):
+                    return
+                ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
                 pid = os.fork()
                 if pid == 0:
+                    signal.set_wakeup_fd(-1)
+                    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                    for fd in (wake_r, wake_w):
+                        os.close(fd)
                     sock.close()
                     theirs.close()
                     _candidate_main(ours)
-                socket.send_fds(sock, [json.dumps({"pid": pid}).encode()], [theirs.fileno()])
-            except BaseException as exc:  # noqa: BLE001
                 try:
-                    sock.send(json.dumps({"error": repr(exc)[:200]}).encode())
-                except OSError:
-                    pass
-            finally:
-                os._exit(0)
-        os.waitpid(middle, 0)
-        ours.close()
-        theirs.close()
+                    socket.send_fds(sock, [json.dumps({"pid": pid}).encode()], [theirs.fileno()])
+                finally:
+                    ours.close()
+                    theirs.close()
+    except OSError:  # the worker went away
+        return
 
 
 def _candidate_main(chan) -> None:
@@ -567,8 +614,9 @@ class Slot:
         self.uid_test, self.uid_code = cfg.get("uid_test"), cfg.get("uid_code")
         if os.getuid() != 0:
             self.uid_test = self.uid_code = None
-        self.zygote = Zygote()
+        self.zygote = Zygote(cfg.get("preload", []))
         self.dirty = True  # checked before the first job
+        self._leftover = None  # what `finish` cleans up after the current job's report
 
     # -- directories
     def _dirs(self) -> list[tuple[str, int | None, int]]:
@@ -664,17 +712,51 @@ class Slot:
         t_in, u_out = os.pipe()  # U -> T
         u_in, t_out = os.pipe()  # T -> U
         children: dict[int, str] = {}
+        self.dirty = True  # until `finish` has swept this job's processes
         # U comes from the zygote, a fresh interpreter that never received a job: nothing of this one (tests,
         # expected values) is in its memory
         children[self.zygote.spawn(self.uid_code, self.limits, self.ws, [out_w, err_w, u_in, u_out])] = "code"
         harness = HARNESSES[kind]
+        if kind == "check":
+            for path, source in job["tests"]:
+                try:
+                    instrument_check(source, path)  # into the cache the tester forks with
+                except Exception:  # noqa: BLE001 - the tester meets it again and reports it
+                    pass
         children[self._spawn(self.uid_test, self.tests, {1: out_w, 2: err_w, 3: t_in, 4: t_out, 5: res_w},
                              lambda: harness(job, _rpc.Peer(3, 4, trusted=True), 5))] = "test"
         for fd in (out_w, err_w, res_w, t_in, u_out, u_in, t_out):
             os.close(fd)
-        report = self._watch(job, children, out_r, err_r, res_r, t0)
+        return self._watch(job, children, out_r, err_r, res_r, t0)
+
+    def finish(self) -> None:
+        """After the report is sent: kill what is left of the job, sweep its uids, wipe its files. Until this
+        has run the slot counts as dirty, so a job that failed midway is swept before the next one."""
+        if self._leftover is None:
+            return
+        (pending, children), self._leftover = self._leftover, None
+        for pid in pending:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        _wait_killed([pid for pid, role in pending.items() if role != "code"])
+        for pid in (pid for pid, role in pending.items() if role == "code"):
+            self.zygote.wait_exit(pid, 0.2)
+        self._exited()
+        clean = sweep(self.uid_code, children)
+        clean = sweep(self.uid_test, []) and clean
+        remove_ipc([u for u in (self.uid_code, self.uid_test) if u is not None])
+        _reap()  # orphans of the job, reparented to us and killed by the sweep
+        self.dirty = not clean
         self._reset_dirs()
-        return report
+
+    def _exited(self) -> list[tuple[int, int]]:
+        """(pid, wait status) of the job's processes that ended: T (our child), U (the zygote's, reported;
+        ours if the zygote died and U was reparented to us, the subreaper)."""
+        done = [*_reap(), *self.zygote.exits.items()]
+        self.zygote.exits.clear()
+        return done
 
     def _spawn(self, uid, cwd, keep, body) -> int:
         pid = os.fork()
@@ -709,7 +791,7 @@ class Slot:
         timed_out = output_exceeded = False
         pending = dict(children)
         while True:
-            for pid, status in _reap():
+            for pid, status in self._exited():
                 if pid in pending:
                     exits[pending.pop(pid)] = status
             fds = [fd for fd, c in caps.items() if not c.eof] + ([] if res_eof else [res_r])
@@ -724,9 +806,11 @@ class Slot:
                 if left <= 0:
                     timed_out = True
                     break
-                ready = select.select([*fds, self._wake_r], [], [], min(left, 0.5))[0]
+                ready = select.select([*fds, self._wake_r, self.zygote.sock], [], [], min(left, 0.5))[0]
             for fd in ready:
-                if fd == self._wake_r:
+                if fd is self.zygote.sock:
+                    self.zygote.pump(block=False)
+                elif fd == self._wake_r:
                     try:
                         os.read(self._wake_r, 4096)
                     except BlockingIOError:
@@ -748,22 +832,9 @@ class Slot:
                 output_exceeded = True
             if output_exceeded:
                 break
-        for pid in list(pending):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-        _wait_killed(list(pending))
-        pending = {}  # exits recorded from here on were caused by us, not by the code
-        clean = sweep(self.uid_code, list(children))
-        clean = sweep(self.uid_test, []) and clean
-        self.dirty = not clean
-        remove_ipc([u for u in (self.uid_code, self.uid_test) if u is not None])
-        for pid, status in _reap():
-            if pid in pending:
-                exits[pending.pop(pid)] = status
         for fd in (out_r, err_r, res_r):
             os.close(fd)
+        self._leftover = pending, list(children)  # exits from here on are caused by us, not by the code
         return {
             "records": _split_frames(bytes(res_buf)),
             "exits": {role: _describe_exit(st) for role, st in exits.items()},
@@ -849,7 +920,7 @@ def _probe_network() -> None:
 
 def main() -> None:
     if sys.argv[1:2] == ["--zygote"]:
-        zygote_main(int(sys.argv[2]))
+        zygote_main(int(sys.argv[2]), sys.argv[3:])
         return
     cfg = json.loads(sys.argv[1])
     _prctl(_PR_SET_CHILD_SUBREAPER, 1)  # orphans of a job come back to us and get reaped
@@ -883,6 +954,10 @@ def main() -> None:
         except Exception as exc:  # noqa: BLE001 - reported to the host as an infrastructure error
             reply = {"ok": False, "error": traceback.format_exc(limit=5)[-2000:] or repr(exc)}
         write_msg(stdout, reply)
+        try:
+            slot.finish()  # while the host reads the report
+        except Exception:  # noqa: BLE001 - the slot stays dirty: the next job sweeps it or replaces the slot
+            traceback.print_exc()
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from pipeline.sandbox import InfraError, Judge, SandboxPool, SandboxSettings, outputs_equal
+from pipeline.sandbox import InfraError, Judge, SandboxPool, SandboxSettings, _worker, outputs_equal
 from pipeline.sandbox._worker import NotPlain, decode, encode
 from pipeline.sandbox.judge import OUTPUT_CHECKS, output_matches
 from pipeline.tasks import load_source
@@ -52,6 +52,31 @@ def test_codec_sends_stdlib_dict_subclasses_as_plain_dicts():
     for value in (collections.Counter("abca"), collections.OrderedDict(b=1, a=2), collections.defaultdict(int, a=2)):
         back = decode(encode(value))
         assert type(back) is dict and back == dict(value)
+
+
+def test_check_cases_are_labelled_with_their_first_line():
+    """Case labels: each asserting statement's own first line, with lines counted as the parser counts them
+    (\r\n and \r line ends; a form feed inside a string literal is no line end), non-ASCII text included."""
+    source = (
+        "def check(candidate):\r\n"
+        "    x = 1\r"
+        "    assert candidate('\x0c') == 'ü'  # why\n"
+        "    for i in range(2):\n"
+        "        assert candidate(i) == i\n"
+        "    é = 2; assert candidate(é) == é\n"
+        "check(None)\n"
+    )
+    code, cases = _worker.instrument_check(source, "check_0.py")
+    assert [(c["line"], c["source"]) for c in cases] == [
+        (3, "assert candidate('\x0c') == 'ü'"),
+        (4, "for i in range(2):"),
+        (6, "assert candidate(é) == é"),
+    ]
+    seen = []
+    ns = {"__didpo_case__": lambda i, exc: seen.append((i, type(exc).__name__ if exc else None))}
+    exec(code, ns)  # the module-level check(None) was dropped: the harness calls check itself
+    ns["check"](lambda v: {"\x0c": "ü", 1: 0}.get(v, v))
+    assert seen == [(0, None), (1, "AssertionError"), (2, None)]
 
 
 def test_outputs_equal_tolerance_and_types():
