@@ -69,26 +69,57 @@ def line_opcodes(before: str, after: str, max_diff_lines: int) -> tuple[tuple[in
 
 
 class _Locator:
-    """Finds lines inside the response regions (edit payloads) that wrote them, in reading order."""
+    """Finds the response line that wrote a file line: inside the response regions (edit payloads) of the
+    file, whole lines only (a line `    count` is not the start of `    count = 0`), in reading order."""
 
-    def __init__(self, response: str, spans: list[tuple[int, int]]) -> None:
-        self.regions = [(s, response[s:e]) for s, e in spans]
+    def __init__(self, response: str, spans: list[tuple[int, int]], after: list[str] | None = None) -> None:
+        # per region: (start, end, text) of each of its lines, split the way the file's lines are split
+        self.regions: list[list[tuple[int, int, str]]] = []
+        for s, e in spans:
+            lines, at = [], s
+            for piece in response[s:e].splitlines(keepends=True):
+                text = piece.splitlines()[0]
+                lines.append((at, at + len(text), text))
+                at += len(piece)
+            self.regions.append(lines)
         self.cursors = [0] * len(self.regions)
+        # (p, region): the region's lines sit as one block at line p of the file after the action (a whole-file
+        # write at 0, a search/replace payload where it landed), so its line i wrote the file's line p + i,
+        # even where the same text also occurs elsewhere in the payload
+        self.blocks = [(p, lines) for lines in self.regions for p in _block_positions([t for *_, t in lines], after)]
 
-    def find(self, line: str) -> tuple[int, int] | None:
+    def find(self, line: str, line_no: int | None = None) -> tuple[int, int] | None:
+        """The span that wrote `line` (the file's line `line_no` after the action, when known), or None."""
         needle = line.strip()
         if not needle or not self.regions:
             return None
+        for p, lines in self.blocks:
+            if line_no is not None and p <= line_no < p + len(lines):
+                start, end, _ = lines[line_no - p]
+                return start, end
         # Reading order first: every region from its cursor, so a line written by a later edit block is not
-        # pinned on an earlier block's copy of the same text; only then the first occurrence anywhere.
-        for exact in (line, needle):
+        # pinned on an earlier block's copy of the same text; only then the first occurrence anywhere. An
+        # exact line first, then one equal up to surrounding spaces (the span then covers the code only).
+        for exact in (True, False):
             for from_cursor in (True, False):
-                for k, (base, text) in enumerate(self.regions):
-                    at = text.find(exact, self.cursors[k] if from_cursor else 0)
-                    if at >= 0:
-                        self.cursors[k] = at + len(exact)
-                        return base + at, base + at + len(exact)
+                for k, lines in enumerate(self.regions):
+                    for i in range(self.cursors[k] if from_cursor else 0, len(lines)):
+                        start, end, text = lines[i]
+                        if (text == line) if exact else (text.strip() == needle):
+                            self.cursors[k] = i + 1
+                            if not exact:
+                                start += len(text) - len(text.lstrip())
+                                end = start + len(needle)
+                            return start, end
         return None
+
+
+def _block_positions(block: list[str], lines: list[str] | None) -> list[int]:
+    """Every p where lines[p : p + len(block)] == block."""
+    if not block or lines is None:
+        return []
+    n = len(block)
+    return [p for p in range(len(lines) - n + 1) if lines[p] == block[0] and lines[p : p + n] == block]
 
 
 def _code(lines: list[str]) -> list[str]:
@@ -114,12 +145,12 @@ def whole_diff(step: StepInput, max_file_lines: int, max_diff_lines: int, stats:
         if not opcodes:
             continue
         edits = [e for e in step.edits if e.path == path]
-        adds = _Locator(step.response_text, [e.replace_span for e in edits if e.replace_span is not None])
+        a_lines, b_lines = before.splitlines(), after.splitlines()
+        adds = _Locator(step.response_text, [e.replace_span for e in edits if e.replace_span is not None], b_lines)
         dels = _Locator(
             step.response_text,
             [e.search_span for e in edits if e.op == "replace" and e.search_span is not None],
         )
-        a_lines, b_lines = before.splitlines(), after.splitlines()
         for i1, i2, j1, j2 in opcodes:
             if i2 - i1 > max_diff_lines or j2 - j1 > max_diff_lines:
                 stats["regions_over_cap"] += 1  # too big to locate line by line: episode credit only
@@ -127,6 +158,6 @@ def whole_diff(step: StepInput, max_file_lines: int, max_diff_lines: int, stats:
             if _code(a_lines[i1:i2]) == _code(b_lines[j1:j2]):
                 continue  # only blank lines, comments or spacing changed: no code change to credit
             deleted = tuple(DiffLine(i, a_lines[i], dels.find(a_lines[i])) for i in range(i1, i2))
-            added = tuple(DiffLine(j, b_lines[j], adds.find(b_lines[j])) for j in range(j1, j2))
+            added = tuple(DiffLine(j, b_lines[j], adds.find(b_lines[j], j)) for j in range(j1, j2))
             hunks.append(Hunk(path, deleted, added))
     return hunks

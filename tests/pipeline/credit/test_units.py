@@ -143,3 +143,53 @@ def test_locator_prefers_reading_order_across_edit_blocks():
     assert loc.find("y = 2") == (9, 14)
     # the third added line "x = 1" was written by block B: not block A's earlier copy
     assert loc.find("x = 1") == (18, 23)
+
+
+def _added_spans(make_step, files, edits):
+    step, _ = make_step("r", "t", "demo/0", 0, 1.0, files, edits)
+    added = [line for h in whole_diff(step, 10_000, 10_000, Counter()) for line in h.added]
+    return step, added
+
+
+def test_an_added_line_is_located_on_a_whole_line_not_inside_a_longer_one(make_step):
+    # "    count" (a dropped return) follows the unchanged context line "    count = 0" in the payload: it
+    # must land on its own line, not on the start of the longer one
+    before = "def f(xs):\n    count = 0\n    return count\n"
+    edit = ("replace", "a.py", "    count = 0\n    return count\n", "    count = 0\n    count\n")
+    step, added = _added_spans(make_step, {"a.py": before}, [edit])
+    (line,) = added
+    s, e = line.span
+    assert line.text == "    count" and step.response_text[s:e] == "    count"
+    assert step.response_text[s - 1] == "\n" and step.response_text[e] == "\n"
+
+
+def test_a_whole_file_write_locates_each_line_at_its_own_position(make_step):
+    # the added "    return x" repeats an unchanged line above it: it is the payload's line at its own index
+    before = "def f(x):\n    if x:\n        return x\n    return 0\n"
+    after = "def f(x):\n    if x:\n        return x\n    return x\n"
+    step, added = _added_spans(make_step, {"a.py": before}, [("write", "a.py", "", after)])
+    (line,) = added
+    assert line.text == "    return x" and line.line_no == 3
+    payload_start = step.edits[0].replace_span[0]
+    s, e = line.span
+    assert step.response_text[s:e] == "    return x"
+    assert step.response_text[payload_start:s].count("\n") == 3  # the payload's fourth line, not its third
+
+
+def test_an_added_line_repeating_a_context_line_of_its_payload_is_located_on_its_own(make_step):
+    # the payload starts with the unchanged "y = 1" and ends with an added copy of it
+    before = "y = 1\nx = 0\n"
+    step, added = _added_spans(make_step, {"a.py": before}, [("replace", "a.py", before, "y = 1\nx = 0\ny = 1\n")])
+    (line,) = added
+    s, e = line.span
+    assert line.line_no == 2 and step.response_text[s:e] == "y = 1"
+    assert step.response_text[step.edits[0].replace_span[0]:s] == "y = 1\nx = 0\n"
+
+
+def test_a_line_equal_up_to_indentation_is_located_on_its_code(make_step):
+    # a partial-line search/replace: the payload is the line's code without its indentation
+    before = "def f(xs):\n    total += x\n"
+    step, added = _added_spans(make_step, {"a.py": before}, [("replace", "a.py", "total += x", "total -= x")])
+    (line,) = added
+    s, e = line.span
+    assert line.text == "    total -= x" and step.response_text[s:e] == "total -= x"
