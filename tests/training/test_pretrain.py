@@ -1,0 +1,109 @@
+"""Pretraining rows: each synthetic task's answer is what its question asks for, in the file it shows; rows are
+seeded, bounded and never drawn from held-out tasks; the copy check scores a verbatim answer only."""
+
+from __future__ import annotations
+
+import random
+import re
+
+import pytest
+
+from pipeline.agent.grammar import apply_action, parse_response
+from pipeline.policy.loading import load_tokenizer
+from pipeline.tasks import load_source
+from training.pretrain import PRETRAIN_KINDS, copy_task, pretrain_examples, pretrain_files
+
+FILE = (
+    "def count_even(xs):\n"
+    '    """How many even numbers: a docstring word like Total is no name."""\n'
+    "    total = 0\n"
+    "\n"
+    "    for x in xs:\n"
+    "        if x % 2 == 0:\n"
+    "            total += 1\n"
+    "    return total\n"
+)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_policy):
+    return load_tokenizer(tiny_policy)
+
+
+def _draws(kind, n=40):
+    rng = random.Random(0)
+    return [copy_task(kind, "solution.py", FILE, rng) for _ in range(n)]
+
+
+def test_quote_line_answers_the_numbered_line_of_the_shown_file():
+    lines = FILE.splitlines()
+    asked = set()
+    for message, answer in _draws("quote_line"):
+        n = int(re.search(r"Quote line (\d+) of solution\.py\.$", message).group(1))
+        assert answer == lines[n - 1] and answer.strip()
+        assert "## solution.py (8 lines)" in message and FILE in message  # the whole file, as episodes show it
+        asked.add(n)
+    assert len(asked) > 3 and 4 not in asked  # several lines, never the blank one
+
+
+def test_error_name_answers_a_name_of_the_code_named_in_the_error():
+    for message, answer in _draws("error_name"):
+        assert f"NameError: name '{answer}' is not defined" in message
+        assert answer in {"count_even", "xs", "total", "x"}  # not `Total` of the docstring, not builtins
+
+
+def test_edit_line_answers_with_an_action_that_makes_line_n_the_new_line():
+    for message, answer in _draws("edit_line"):
+        n, new_line = re.search(r"Change line (\d+) to:\n(.*)$", message, re.S).groups()
+        action = parse_response(answer)
+        assert action.ok and action.kind == "edit"
+        (edit,) = action.edits
+        assert FILE.count(edit.search) == 1 and FILE.splitlines()[int(n) - 1] + "\n" in edit.search
+        after = apply_action(action, {"solution.py": FILE}, max_file_bytes=1 << 20)["solution.py"]
+        assert after.splitlines()[int(n) - 1] == new_line != FILE.splitlines()[int(n) - 1]
+
+
+def test_apply_edit_answers_with_the_whole_file_after_the_shown_edit():
+    for message, answer in _draws("apply_edit"):
+        block = message.split("Apply this edit and write the whole file:\n", 1)[1]
+        action = parse_response("<think>\nx\n</think>\n" + block)
+        assert action.ok
+        assert apply_action(action, {"solution.py": FILE}, max_file_bytes=1 << 20)["solution.py"] == answer != FILE
+
+
+def test_a_file_without_code_offers_only_plain_modelling():
+    rng = random.Random(0)
+    assert copy_task("code", "a.py", "\n\n", rng) == ("", "\n\n")
+    assert all(copy_task(k, "a.py", "\n\n", rng) is None for k in PRETRAIN_KINDS if k != "code")
+    with pytest.raises(ValueError, match="unknown pretraining kind"):
+        copy_task("summarise", "a.py", FILE, rng)
+
+
+def test_files_skip_held_out_tasks_and_repeats():
+    tasks = load_source("humaneval", limit=6)
+    files = pretrain_files(tasks + tasks, held_out=[tasks[0].task_id])
+    texts = [t for _, t in files]
+
+    def texts_of(task_list):
+        return {t if t.endswith("\n") else t + "\n" for task in task_list
+                for f in (task.workspace, task.reference) for t in f.values()}
+
+    only_held = texts_of(tasks[:1]) - texts_of(tasks[1:])
+    assert only_held and not only_held & set(texts)  # the held-out task's own files never appear
+    assert len(texts) == len(set(texts)) and set(texts) <= texts_of(tasks[1:])
+    assert all(p.endswith(".py") for p, _ in files)
+
+
+def test_examples_are_seeded_bounded_and_follow_the_mix(tokenizer):
+    files = pretrain_files(load_source("mbpp", split="train", limit=30))
+    rows = pretrain_examples(files, tokenizer, n=60, seed=3, max_tokens=400)
+    assert rows == pretrain_examples(files, tokenizer, n=60, seed=3, max_tokens=400)
+    assert rows != pretrain_examples(files, tokenizer, n=60, seed=4, max_tokens=400)
+    assert len(rows) == 60 and all(len(r.prompt_ids) + len(r.response_ids) <= 400 for r in rows)
+    assert all(r.response_ids[-1] == tokenizer.eos_token_id for r in rows)
+    assert {r.kind for r in rows} == set(PRETRAIN_KINDS)
+    only = pretrain_examples(files, tokenizer, n=20, seed=3, mix={"quote_line": 1.0})
+    assert {r.kind for r in only} == {"quote_line"}
+    for bad in ({"quote_line": 0.0}, {"gossip": 1.0}, {"quote_line": -1.0}):
+        with pytest.raises(ValueError, match="mix"):
+            pretrain_examples(files, tokenizer, n=5, seed=0, mix=bad)

@@ -1,0 +1,175 @@
+"""Pretraining rows for a policy built from scratch: code, and synthetic tasks that teach copying from context.
+
+Why: a small policy trained from random weights for minutes learns the action format but never quotes its
+prompt back, and a repair needs exactly that (the `<search>` text is a line of the file; the misspelled name
+is in the test's error). These rows come before the cold-start demonstrations (training/sft.py) and train
+through the same loop (`train_sft`): each row is a prompt (context, not trained) and a response (trained).
+
+Kinds, drawn per row from a seeded mix, each on one code file shown the way the episode prompt shows files:
+
+  code        the file itself, after the assistant header only (plain language modelling on code)
+  quote_line  "Quote line N of PATH."                   -> that line, verbatim
+  error_name  a NameError naming one of its identifiers -> that name
+  edit_line   "Change line N to: NEW"                   -> an action whose <search> quotes line N (the grammar)
+  apply_edit  an <edit> block                           -> the whole file after the edit
+
+Files come from task texts (`pretrain_files`): starting files and reference solutions, never those of the
+tasks a caller holds out for evaluation.
+"""
+
+from __future__ import annotations
+
+import builtins
+import io
+import keyword
+import random
+import tokenize
+from collections.abc import Iterable, Mapping, Sequence
+from types import MappingProxyType
+from typing import Any
+
+from pipeline.agent.episode import render_file
+from pipeline.agent.grammar import Action, render_action
+from pipeline.tasks.base import Task
+from training.sft import SftExample, generation_header, mutate_line, search_replace_edits
+
+PRETRAIN_KINDS = ("code", "quote_line", "error_name", "edit_line", "apply_edit")
+DEFAULT_PRETRAIN_MIX = MappingProxyType(
+    {"code": 0.2, "quote_line": 0.3, "error_name": 0.1, "edit_line": 0.3, "apply_edit": 0.1}
+)
+_COMMON_NAMES = frozenset(keyword.kwlist) | frozenset(keyword.softkwlist) | frozenset(dir(builtins)) | {"self"}
+
+
+def pretrain_files(tasks: Iterable[Task], held_out: Iterable[str] = ()) -> list[tuple[str, str]]:
+    """Distinct (path, text) Python files of the tasks' starting files and reference solutions, in task order;
+    tasks whose id is in `held_out` contribute nothing."""
+    skip = set(held_out)
+    seen: set[str] = set()
+    out: list[tuple[str, str]] = []
+    for task in tasks:
+        if task.task_id in skip:
+            continue
+        for files in (task.workspace, task.reference):
+            for path, text in sorted(files.items()):
+                if path.endswith(".py") and text.strip() and text not in seen:
+                    seen.add(text)
+                    out.append((path, text if text.endswith("\n") else text + "\n"))
+    return out
+
+
+def _code_names(text: str) -> set[str]:
+    """Names the code uses (not words of its strings or comments); none for text that does not tokenize."""
+    try:
+        return {t.string for t in tokenize.generate_tokens(io.StringIO(text).readline) if t.type == tokenize.NAME}
+    except (tokenize.TokenError, SyntaxError, IndentationError):
+        return set()
+
+
+def _shown(path: str, text: str) -> str:
+    return render_file(path, text, len(text.splitlines()) + 1, None)  # the whole file, as the episode shows it
+
+
+def copy_task(kind: str, path: str, text: str, rng: random.Random) -> tuple[str, str] | None:
+    """(user message, response) of one synthetic task of `kind` on one file ("" message for `code`), or None
+    when the file offers nothing for that kind (no non-blank line, no name, no line a mutation applies to)."""
+    lines = text.splitlines()
+    filled = [i for i, line in enumerate(lines) if line.strip()]
+    if kind == "code":
+        return "", text
+    if not filled:
+        return None
+    if kind == "quote_line":
+        n = rng.choice(filled)
+        return f"{_shown(path, text)}\n\nQuote line {n + 1} of {path}.", lines[n]
+    if kind == "error_name":
+        names = sorted(_code_names(text) - _COMMON_NAMES)
+        if not names:
+            return None
+        name = rng.choice(names)
+        return (f"{_shown(path, text)}\n\nThe tests fail with:\nNameError: name '{name}' is not defined\n"
+                "Which name does the error name?", name)
+    mutated = mutate_line(text, filled, rng)
+    if mutated is None:
+        return None
+    new_text, n = mutated
+    edits = search_replace_edits(path, text, new_text)
+    if kind == "edit_line":
+        new_line = new_text.splitlines()[n]
+        action = Action("edit", f"Line {n + 1} of {path} changes.\n", (0, 0), tuple(edits))
+        return f"{_shown(path, text)}\n\nChange line {n + 1} to:\n{new_line}", render_action(action)
+    if kind == "apply_edit":
+        block = render_action(Action("edit", "apply\n", (0, 0), tuple(edits))).split("</think>\n", 1)[1]
+        return f"{_shown(path, text)}\n\nApply this edit and write the whole file:\n{block}", new_text
+    raise ValueError(f"unknown pretraining kind {kind!r}; allowed: {', '.join(PRETRAIN_KINDS)}")
+
+
+def prompt_ids(tokenizer: Any, message: str) -> tuple[int, ...]:
+    """Token ids of a one-message chat ending in the assistant header (the header alone for "")."""
+    if not message:
+        return generation_header(tokenizer)
+    chat = [{"role": "user", "content": message}]
+    text = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    return tuple(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def pretrain_examples(files: Sequence[tuple[str, str]], tokenizer: Any, *, n: int, seed: int,
+                      mix: Mapping[str, float] = DEFAULT_PRETRAIN_MIX, max_tokens: int = 1024) -> list[SftExample]:
+    """`n` rows (fewer if files cannot supply them), each a seeded kind on a seeded file; deterministic for
+    given inputs. A row whose prompt plus response exceeds `max_tokens` is drawn again (at most 4n draws)."""
+    unknown = sorted(set(mix) - set(PRETRAIN_KINDS))
+    if unknown or sum(mix.values()) <= 0 or any(w < 0 for w in mix.values()):
+        raise ValueError(f"mix {dict(mix)} must weigh the kinds {PRETRAIN_KINDS} with weights >= 0, one > 0")
+    if not files:
+        raise ValueError("no files to pretrain on")
+    eos = tokenizer.eos_token_id
+    if eos is None:
+        raise ValueError("the tokenizer has no eos token: responses could never stop")
+    kinds = [k for k in PRETRAIN_KINDS if mix.get(k, 0) > 0]
+    weights = [mix[k] for k in kinds]
+    rng = random.Random(seed)
+    out: list[SftExample] = []
+    for _ in range(4 * n):
+        if len(out) == n:
+            break
+        kind = rng.choices(kinds, weights)[0]
+        path, text = files[rng.randrange(len(files))]
+        task = copy_task(kind, path, text, rng)
+        if task is None:
+            continue
+        message, response = task
+        prompt = prompt_ids(tokenizer, message)
+        response_ids = (*tokenizer(response, add_special_tokens=False)["input_ids"], eos)
+        if len(prompt) + len(response_ids) <= max_tokens:
+            out.append(SftExample(path, kind, 0, prompt, response_ids, response))
+    return out
+
+
+def copy_accuracy(checkpoint: Any, files: Sequence[tuple[str, str]], *, n: int, seed: int,
+                  batch_size: int = 8) -> dict[str, Any]:
+    """Greedy `quote_line` on `n` seeded (file, line) draws: the share answered verbatim (whitespace at the
+    ends ignored), with a few (expected, got) samples."""
+    import torch
+
+    from pipeline.policy.generation import GenerationRequest, TransformersGenerator
+    from pipeline.policy.loading import load_policy, load_tokenizer
+    from pipeline.policy.settings import PolicySettings
+
+    tokenizer = load_tokenizer(checkpoint)
+    model = load_policy(checkpoint, dtype="float32", device="cpu")
+    rng = random.Random(seed)
+    asks, answers = [], []
+    while len(asks) < n:
+        path, text = files[rng.randrange(len(files))]
+        task = copy_task("quote_line", path, text, rng)
+        if task is not None:
+            asks.append(prompt_ids(tokenizer, task[0]))
+            answers.append(task[1])
+    longest = max(len(tokenizer(a, add_special_tokens=False)["input_ids"]) for a in answers)
+    settings = PolicySettings(checkpoint=str(checkpoint), temperature=0.0, max_new_tokens=longest + 8)
+    generator = TransformersGenerator(model, tokenizer, settings, batch_invariant=False)
+    requests = [GenerationRequest(str(i), list(ids), seed + i) for i, ids in enumerate(asks)]
+    with torch.random.fork_rng(devices=[]):
+        results = [r for lo in range(0, n, batch_size) for r in generator.generate(requests[lo:lo + batch_size])]
+    got = [r.response_text.strip() for r in results]
+    hits = [g == a.strip() for g, a in zip(got, answers, strict=True)]
+    return {"n": n, "copy_acc": sum(hits) / n, "samples": list(zip(answers, got, strict=True))[:5]}
