@@ -47,6 +47,9 @@ def _solution_files(task: Task, path: Path) -> dict[str, str]:
     return {**task.workspace, target: read_text(path, "solution")}
 
 
+_SHOWN_FAILURES = 10  # failing cases `exec` prints, each with why it failed
+
+
 def exec_cmd(
     task: str = typer.Option(None, "--task", help="task id, e.g. humanevalfix/Python/0"),
     solution: Path = typer.Option(None, "--solution", exists=True, dir_okay=False, help="solution file"),  # noqa: B008
@@ -82,7 +85,10 @@ def exec_cmd(
         typer.echo(json.dumps({"task": task, "hidden": hidden, "status": res.status, "passed": res.passed,
                                "total": res.total, "pass_fraction": res.pass_fraction,
                                "duration_s": round(res.duration_s, 4), "isolation": res.isolation,
-                               "detail": res.detail}, indent=2))
+                               "detail": res.detail,
+                               "failing_cases": [{"case": c.name, "detail": c.detail}
+                                                 for c in res.cases if not c.passed][:_SHOWN_FAILURES]},
+                              indent=2))
 
 
 def episode_cmd(

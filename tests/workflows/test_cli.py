@@ -38,3 +38,30 @@ def test_tasks_list_humanevalfix_has_164():
     result = runner.invoke(app, ["tasks", "list", "--source", "humanevalfix"])
     assert result.exit_code == 0, result.output
     assert "164" in result.output.splitlines()[-1]
+
+
+def test_exec_says_which_cases_failed_and_why(tmp_path):
+    import json
+
+    from pipeline.tasks import load_source
+
+    task = load_source("humanevalfix", limit=1)[0]
+    (path, buggy), = ((p, t) for p, t in task.workspace.items() if p.endswith(".py"))
+    solution = tmp_path / path
+    solution.write_text(buggy)
+    result = runner.invoke(app, ["exec", "--task", task.task_id, "--solution", str(solution), "--pool", "1"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert report["status"] == "failed" and report["failing_cases"]
+    assert len(report["failing_cases"]) == min(10, report["total"] - report["passed"])
+    assert all(c["case"] and c["detail"] for c in report["failing_cases"])
+    fixed = runner.invoke(app, ["exec", "--task", task.task_id, "--solution", str(_write(tmp_path, task)), "--pool", "1"])
+    assert json.loads(fixed.output)["failing_cases"] == []
+
+
+def _write(tmp_path, task):
+    (path, text), = task.reference.items()
+    out = tmp_path / "fixed" / path
+    out.parent.mkdir()
+    out.write_text(text)
+    return out
