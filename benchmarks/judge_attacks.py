@@ -16,6 +16,7 @@ them is not a judge defect).
 
 Usage: .venv/bin/python benchmarks/judge_attacks.py [--limit N] [--sources a,b] [--attacks name|mechanism,...]
                                                     [--pool N] [--seed S] [--timeout S] [--list] [--verbose]
+                                                    [--record FILE.jsonl]   (append each run; resume from it)
 Last line: `judge_attacks: forged=<n> attacks=<n> tasks=<n> infra_by_candidate=<n>`.
 """
 
@@ -24,6 +25,8 @@ from __future__ import annotations
 import argparse
 import ast
 import builtins
+import contextlib
+import json
 import logging
 import random
 import sys
@@ -1628,6 +1631,27 @@ def attack_once(judge, attack: Attack, task: Task, isolation: str) -> Outcome:
     return Outcome(attack, task, status, detail[:300], time.perf_counter() - t0)
 
 
+def _recorded(path: str | None, timeout: float, jobs: list[tuple[Attack, Task]]) -> dict[tuple[str, str], Outcome]:
+    """Outcomes of `jobs` already in the record file at `path` (runs made with another timeout are redone)."""
+    if path is None:
+        return {}
+    by_key = {(a.name, t.task_id): (a, t) for a, t in jobs}
+    done: dict[tuple[str, str], Outcome] = {}
+    try:
+        with open(path, encoding="utf-8") as fh:
+            for n, line in enumerate(fh, 1):
+                try:
+                    r = json.loads(line)
+                    key = (r["attack"], r["task"])
+                    if key in by_key and r["timeout"] == timeout:
+                        done[key] = Outcome(*by_key[key], str(r["status"]), str(r["detail"]), float(r["seconds"]))
+                except (ValueError, KeyError, TypeError):
+                    print(f"judge_attacks: {path}:{n}: not a run record, ignored", file=sys.stderr)
+    except FileNotFoundError:
+        pass
+    return done
+
+
 def _pick(tasks: list[Task], limit: int | None, seed: int | None) -> list[Task]:
     if limit is None or limit >= len(tasks):
         return tasks
@@ -1656,6 +1680,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--uid-base", type=int, default=UID_BASE)
     ap.add_argument("--list", action="store_true", help="print the catalogue and exit")
     ap.add_argument("--verbose", action="store_true", help="print every run's status")
+    ap.add_argument("--record", default=None, help="JSONL file: each finished run is appended as it ends; runs "
+                    "already in it (same timeout) are not run again, so a long run can stop and resume")
     args = ap.parse_args(argv)
     try:
         attacks = select_attacks(args.attacks)
@@ -1693,7 +1719,23 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  left out (reference {r.status}): {t.task_id}: {r.detail[:120]}")
             tasks[s] = [t for t, r in zip(tasks[s], control[s], strict=True) if r.status == "passed"]
         jobs = [(a, t) for s in sources for t in tasks[s] for a in attacks]
-        outcomes = list(ex.map(lambda job: attack_once(judge, job[0], job[1], pool.isolation), jobs))
+        done = _recorded(args.record, args.timeout, jobs)
+        todo = [job for job in jobs if (job[0].name, job[1].task_id) not in done]
+        print(f"planned: {len(jobs)} runs" + (f", {len(jobs) - len(todo)} already recorded in {args.record}"
+                                                if args.record else ""), flush=True)
+        outcomes = list(done.values())
+        with open(args.record, "a", encoding="utf-8") if args.record else contextlib.nullcontext() as log:
+            for i, o in enumerate(ex.map(lambda job: attack_once(judge, job[0], job[1], pool.isolation), todo), 1):
+                outcomes.append(o)
+                if log is not None and o.status != "skipped":
+                    log.write(json.dumps({"attack": o.attack.name, "task": o.task.task_id, "status": o.status,
+                                          "detail": o.detail, "seconds": round(o.seconds, 3),
+                                          "timeout": args.timeout}) + "\n")
+                    log.flush()
+                if i % 500 == 0:
+                    forged_so_far = sum(x.status == "passed" for x in outcomes)
+                    print(f"  {i}/{len(todo)} runs in {time.perf_counter() - t0:.0f}s, forged so far "
+                          f"{forged_so_far}", file=sys.stderr, flush=True)
     ran = [o for o in outcomes if o.status != "skipped"]
     if args.verbose:
         for o in ran:

@@ -89,3 +89,26 @@ def test_attacks_keep_the_workspace_and_define_what_the_tests_import(source, nat
         wanted = set(attacks.imports_of_tests(task).get(path[:-3], ())) | {task.hidden_tests.entry_point}
         assert {n for n in wanted if n and n != "*"} <= set(ns), path
     assert set(task.workspace) <= set(files)
+
+
+def test_a_record_file_resumes_only_runs_made_under_the_same_timeout(tmp_path):
+    import json
+
+    task = load_source("humaneval", limit=1)[0]
+    liar, shadow, other = attacks.ATTACKS[:3]
+    jobs = [(liar, task), (shadow, task), (other, task)]
+    record = tmp_path / "runs.jsonl"
+    record.write_text("\n".join([
+        json.dumps({"attack": liar.name, "task": task.task_id, "status": "failed", "detail": "d", "seconds": 0.5,
+                    "timeout": 5.0}),
+        json.dumps({"attack": shadow.name, "task": task.task_id, "status": "failed", "detail": "", "seconds": 0.1,
+                    "timeout": 2.0}),  # another timeout: run again
+        "{not json",
+        json.dumps({"attack": "gone", "task": task.task_id, "status": "passed", "detail": "", "seconds": 0.1,
+                    "timeout": 5.0}),  # no longer in the catalogue
+    ]) + "\n")
+    done = attacks._recorded(str(record), 5.0, jobs)
+    assert list(done) == [(liar.name, task.task_id)]
+    assert done[liar.name, task.task_id].status == "failed" and done[liar.name, task.task_id].attack is liar
+    assert attacks._recorded(str(tmp_path / "none.jsonl"), 5.0, jobs) == {}
+    assert attacks._recorded(None, 5.0, jobs) == {}
