@@ -314,11 +314,27 @@ def _remote_import(module: str):
 
 
 def _entry_point(job: dict, peer: _rpc.Peer):
-    """The proxy of the candidate's entry point: (function, None) or (None, why not)."""
+    """The proxy of the candidate's entry point: (function, None) or (None, why not).
+
+    The task's given helpers (job["given"]: the reference module's source and the names the task's own
+    starting code defines, e.g. HumanEval/32's `poly`) are bound on the module from a run of that trusted
+    source here: tests that call them check the candidate with the task's helpers, not the candidate's."""
     _rpc.install_remote_modules(peer, candidate_modules(job["files"]))
     module, error = _remote_import(job["module"])
     if module is None:
         return None, error
+    given = job.get("given")
+    if given:
+        trusted: dict = {"__name__": f"__didpo_given_{job['module']}__"}
+        try:
+            exec(compile(given["source"], f"<given {job['module']}>", "exec"), trusted)
+        except BaseException:  # noqa: BLE001 - a task whose reference cannot run: its tests use the candidate's
+            trusted = {}
+        names = [n for n in given["names"] if n in trusted]
+        for name in names:
+            module.__dict__[name] = trusted[name]  # the dict itself: setattr would forward to the candidate
+        module.__dict__["__all__"] = [*module.__dict__.get("__all__", []),
+                                      *(n for n in names if n not in module.__dict__.get("__all__", []))]
     try:
         return getattr(module, job["entry_point"]), None
     except BaseException as exc:  # noqa: BLE001
@@ -472,9 +488,6 @@ class Zygote:
         self.exits: dict[int, int] = {}  # pid -> wait status, as reported and not yet taken
         self.sock.send(b"fork")
 
-    def fileno(self) -> int:
-        return self.sock.fileno()
-
     def pump(self, block: bool) -> bool:
         """Read one message from the zygote (waiting for it when `block`); False when none was there."""
         import socket
@@ -565,8 +578,8 @@ def zygote_main(sock_fd: int, preload: list[str]) -> None:
                 finally:
                     ours.close()
                     theirs.close()
-    except OSError:  # the worker went away
-        return
+    except OSError:  # the worker went away, or a fork failed: the worker then reads EOF and the host restarts
+        return       # the slot
 
 
 def _candidate_main(chan) -> None:

@@ -13,6 +13,7 @@ can cause is scored as its own outcome (crashed, failed, timeout), never as `inf
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import math
@@ -62,6 +63,32 @@ class ExecResult:
 
 def _hash(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+def _top_level_names(source: str) -> set[str]:
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return set()
+    return {n.name for n in tree.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)}
+
+
+def _given_helpers(start: Mapping[str, str] | None, reference: Mapping[str, str] | None,
+                   suite: TestSuite) -> dict | None:
+    """The helpers a task gives in its own starting code (HumanEval/32's `poly`, /38's `encode_cyclic`), as
+    the reference defines them: {"source": reference module, "names": [...]}, or None. Tests that call a
+    helper then call the task's, never one the candidate rewrote to make any answer pass."""
+    if not start or not reference or suite.kind != "check":
+        return None
+    try:
+        module = _module_of(suite, start)
+    except ValueError:
+        return None
+    path = f"{module}.py"
+    if path not in reference or path not in start:
+        return None
+    names = (_top_level_names(start[path]) & _top_level_names(reference[path])) - {suite.entry_point or "candidate"}
+    return {"source": reference[path], "names": sorted(names)} if names else None
 
 
 def _module_of(suite: TestSuite, files: Mapping[str, str]) -> str:
@@ -211,13 +238,16 @@ class Judge:
         is the larger of it and the judge's; the CPU rlimit stays the pool's).
         """
         suite = task.hidden_tests if hidden else task.visible_tests
-        return self.run_suite(suite, files, reference=task.reference, cache_key=f"{task.task_id}|{hidden}",
+        return self.run_suite(suite, files, reference=task.reference, given=task.workspace,
+                              cache_key=f"{task.task_id}|{hidden}",
                               output_check=task.meta.get("output_check", "equal"),
                               timeout_s=task.meta.get("timeout_s"))
 
     def run_suite(self, suite: TestSuite, files: Mapping[str, str], *, reference: Mapping[str, str] | None = None,
-                  cache_key: str = "", output_check: str = "equal", timeout_s: float | None = None) -> ExecResult:
-        """Run `suite` against `files`; `timeout_s` raises the wall deadline of these runs (never lowers it)."""
+                  given: Mapping[str, str] | None = None, cache_key: str = "", output_check: str = "equal",
+                  timeout_s: float | None = None) -> ExecResult:
+        """Run `suite` against `files`; `timeout_s` raises the wall deadline of these runs (never lowers it).
+        `given`: the task's starting files, whose helpers check tests take from `reference` (`_given_helpers`)."""
         files = dict(files)
         if output_check not in _OUTPUT_CHECKS:
             raise ValueError(f"unknown output check {output_check!r}; allowed: {', '.join(OUTPUT_CHECKS)}")
@@ -233,7 +263,7 @@ class Judge:
                               detail=f"workspace: the files take {size} bytes, over the workspace's "
                                      f"{self.pool.settings.workspace_bytes}")
         if suite.kind == "check":
-            return self._run_check(suite, files, timeout)
+            return self._run_check(suite, files, _given_helpers(given, reference, suite), timeout)
         if suite.kind == "io":
             if reference is None:
                 raise ValueError("io suites need the reference workspace to compute expected outputs")
@@ -249,7 +279,7 @@ class Judge:
     def _execute(self, job: dict, timeout: float) -> dict:
         return self.pool.execute(job, timeout)
 
-    def _run_check(self, suite: TestSuite, files: dict, timeout: float) -> ExecResult:
+    def _run_check(self, suite: TestSuite, files: dict, given: dict | None, timeout: float) -> ExecResult:
         if not suite.files:
             raise ValueError("check suite without a test file")
         total = 0
@@ -258,10 +288,12 @@ class Judge:
                 total += max(1, len(_worker.instrument_check(source, path)[1]))
             except SyntaxError as exc:
                 raise ValueError(f"test file {path}: cannot parse: {exc}") from exc
-        report = self._execute({"kind": "check", "files": files, "tests": [[p, s] for p, s in suite.files.items()],
-                                "module": _module_of(suite, files), "entry_point": suite.entry_point or "candidate"},
-                               timeout)
-        return self._interpret_check(report, total)
+        module, entry_point = _module_of(suite, files), suite.entry_point or "candidate"
+        job = {"kind": "check", "files": files, "tests": [[p, s] for p, s in suite.files.items()],
+               "module": module, "entry_point": entry_point}
+        if given:
+            job["given"] = given
+        return self._interpret_check(self._execute(job, timeout), total)
 
     def _candidate_fault(self, report: dict, total: int) -> ExecResult | None:
         """The candidate's files could not be laid out (a path too long, no space): its outcome, scored 0."""

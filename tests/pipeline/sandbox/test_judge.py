@@ -268,3 +268,14 @@ def test_settings_refuse_impossible_values():
         SandboxSettings(output_keep_bytes=10**6, output_kill_bytes=10**5)
     with pytest.raises(ValueError):
         SandboxSettings(pool_sizes=3)
+
+
+def test_tests_call_the_helpers_the_task_gives_not_the_candidates(judge):
+    """HumanEval/32 checks `abs(poly(xs, candidate(xs))) < 1e-4` with the prompt's `poly`: a candidate that
+    redefines `poly` to return 0 must not pass by it (found over the full set by benchmarks/judge_attacks.py)."""
+    (task,) = load_source("humaneval", ids=["HumanEval/32"])
+    cheat = "def poly(xs, x):\n    return 0.0\n\n\ndef find_zero(xs):\n    return 0.0\n"
+    assert judge.run(task, {"solution.py": cheat}, hidden=True).status == "failed"
+    assert judge.run(task, task.reference, hidden=True).status == "passed"
+    honest_helper = task.reference["solution.py"].replace("def find_zero", "def _unused():\n    pass\n\n\ndef find_zero")
+    assert judge.run(task, {"solution.py": honest_helper}, hidden=True).status == "passed"
