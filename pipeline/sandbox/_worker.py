@@ -556,8 +556,7 @@ def zygote_main(sock_fd: int, preload: list[str]) -> None:
         while True:
             ready = select.select([sock, wake_r], [], [])[0]
             if wake_r in ready:
-                while os.read(wake_r, 4096) == 4096:
-                    pass
+                os.read(wake_r, 4096)  # only wakes us: _reap below collects every exit so far
                 for pid, status in _reap():
                     sock.send(json.dumps({"exited": pid, "status": status}).encode())
             if sock in ready:

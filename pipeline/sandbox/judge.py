@@ -14,6 +14,7 @@ can cause is scored as its own outcome (crashed, failed, timeout), never as `inf
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import json
 import math
@@ -65,12 +66,13 @@ def _hash(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 
-def _top_level_names(source: str) -> set[str]:
+@functools.lru_cache(maxsize=4096)  # runs on every check execution: a task's texts are parsed once
+def _top_level_names(source: str) -> frozenset[str]:
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):
-        return set()
-    return {n.name for n in tree.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)}
+        return frozenset()
+    return frozenset(n.name for n in tree.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef))
 
 
 def _given_helpers(start: Mapping[str, str] | None, reference: Mapping[str, str] | None,
