@@ -22,6 +22,7 @@ from pipeline.sandbox.settings import SandboxSettings
 from pipeline.schema import content_id
 from pipeline.tasks.settings import TasksSettings
 from pipeline.transforms.settings import PipelineSettings
+from training.pretrain_settings import PretrainSettings
 from training.settings import OnlineSettings, TrainSettings
 from training.sft_settings import SftSettings
 
@@ -83,6 +84,7 @@ class DidpoConfig(_Section):
     sandbox: SandboxSettings = SandboxSettings()
     pipeline: PipelineSettings = PipelineSettings()
     credit: CreditSettings = CreditSettings()
+    pretrain: PretrainSettings = PretrainSettings()
     sft: SftSettings = SftSettings()
     train: TrainSettings = TrainSettings()
     eval: EvalSettings = EvalSettings()

@@ -5,10 +5,15 @@ prompt back, and a repair needs exactly that (the `<search>` text is a line of t
 is in the test's error). These rows come before the cold-start demonstrations (training/sft.py) and train
 through the same loop (`train_sft`): each row is a prompt (context, not trained) and a response (trained).
 
-Kinds, drawn per row from a seeded mix, each on one code file shown the way the episode prompt shows files:
+Kinds, drawn per row from a seeded mix; all but the first on one code file shown the way the episode prompt
+shows files:
 
+  induction   random token ids                          -> the same ids again (no file, no chat; the copying
+                                                           circuit forms here because nothing but copying
+                                                           lowers the loss: docs/pretraining.md)
   code        the file itself, after the assistant header only (plain language modelling on code)
   quote_line  "Quote line N of PATH."                   -> that line, verbatim
+  quote_many  "Quote lines N, M, ... of PATH"           -> each of them after its number ("N| line")
   error_name  a NameError naming one of its identifiers -> that name
   edit_line   "Change line N to: NEW"                   -> an action whose <search> quotes line N (the grammar)
   apply_edit  an <edit> block                           -> the whole file after the edit
@@ -31,9 +36,9 @@ from typing import Any
 from pipeline.agent.episode import render_file
 from pipeline.agent.grammar import Action, render_action
 from pipeline.tasks.base import Task
+from training.pretrain_settings import PRETRAIN_KINDS
 from training.sft import SftExample, generation_header, mutate_line, search_replace_edits
 
-PRETRAIN_KINDS = ("code", "quote_line", "error_name", "edit_line", "apply_edit")
 DEFAULT_PRETRAIN_MIX = MappingProxyType(
     {"code": 0.2, "quote_line": 0.3, "error_name": 0.1, "edit_line": 0.3, "apply_edit": 0.1}
 )
@@ -72,6 +77,8 @@ def _shown(path: str, text: str) -> str:
 def copy_task(kind: str, path: str, text: str, rng: random.Random) -> tuple[str, str] | None:
     """(user message, response) of one synthetic task of `kind` on one file ("" message for `code`), or None
     when the file offers nothing for that kind (no non-blank line, no name, no line a mutation applies to)."""
+    if kind not in PRETRAIN_KINDS or kind == "induction":
+        raise ValueError(f"unknown pretraining kind {kind!r} for a file; allowed: {', '.join(PRETRAIN_KINDS[1:])}")
     lines = text.splitlines()
     filled = [i for i, line in enumerate(lines) if line.strip()]
     if kind == "code":
@@ -81,6 +88,11 @@ def copy_task(kind: str, path: str, text: str, rng: random.Random) -> tuple[str,
     if kind == "quote_line":
         n = rng.choice(filled)
         return f"{_shown(path, text)}\n\nQuote line {n + 1} of {path}.", lines[n]
+    if kind == "quote_many":
+        picked = [rng.choice(filled) for _ in range(rng.randint(2, 6))]
+        asked = ", ".join(str(n + 1) for n in picked)
+        return (f"{_shown(path, text)}\n\nQuote lines {asked} of {path}, each after its number.",
+                "\n".join(f"{n + 1}| {lines[n]}" for n in picked))
     if kind == "error_name":
         names = sorted(_code_names(text) - _COMMON_NAMES)
         if not names:
@@ -99,8 +111,7 @@ def copy_task(kind: str, path: str, text: str, rng: random.Random) -> tuple[str,
         return f"{_shown(path, text)}\n\nChange line {n + 1} to:\n{new_line}", render_action(action)
     if kind == "apply_edit":
         block = render_action(Action("edit", "apply\n", (0, 0), tuple(edits))).split("</think>\n", 1)[1]
-        return f"{_shown(path, text)}\n\nApply this edit and write the whole file:\n{block}", new_text
-    raise ValueError(f"unknown pretraining kind {kind!r}; allowed: {', '.join(PRETRAIN_KINDS)}")
+    return f"{_shown(path, text)}\n\nApply this edit and write the whole file:\n{block}", new_text
 
 
 def prompt_ids(tokenizer: Any, message: str) -> tuple[int, ...]:
@@ -110,6 +121,13 @@ def prompt_ids(tokenizer: Any, message: str) -> tuple[int, ...]:
     chat = [{"role": "user", "content": message}]
     text = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
     return tuple(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def induction_row(tokenizer: Any, rng: random.Random, lo: int = 16, hi: int = 64) -> SftExample:
+    """Random ordinary token ids as the prompt, the same ids then eos as the response."""
+    first = max(tokenizer.all_special_ids) + 1  # special tokens come first in our vocabularies
+    ids = tuple(rng.randrange(first, len(tokenizer)) for _ in range(rng.randint(lo, hi)))
+    return SftExample("induction", "induction", 0, ids, (*ids, tokenizer.eos_token_id), "")
 
 
 def pretrain_examples(files: Sequence[tuple[str, str]], tokenizer: Any, *, n: int, seed: int,
@@ -132,6 +150,9 @@ def pretrain_examples(files: Sequence[tuple[str, str]], tokenizer: Any, *, n: in
         if len(out) == n:
             break
         kind = rng.choices(kinds, weights)[0]
+        if kind == "induction":
+            out.append(induction_row(tokenizer, rng))
+            continue
         path, text = files[rng.randrange(len(files))]
         task = copy_task(kind, path, text, rng)
         if task is None:
@@ -145,9 +166,9 @@ def pretrain_examples(files: Sequence[tuple[str, str]], tokenizer: Any, *, n: in
 
 
 def copy_accuracy(checkpoint: Any, files: Sequence[tuple[str, str]], *, n: int, seed: int,
-                  batch_size: int = 8) -> dict[str, Any]:
-    """Greedy `quote_line` on `n` seeded (file, line) draws: the share answered verbatim (whitespace at the
-    ends ignored), with a few (expected, got) samples."""
+                  kind: str = "quote_line", batch_size: int = 8) -> dict[str, Any]:
+    """Greedy answers to `n` seeded questions of `kind` on `files`: the share answered verbatim (whitespace at
+    the ends ignored), with a few (expected, got) samples."""
     import torch
 
     from pipeline.policy.generation import GenerationRequest, TransformersGenerator
@@ -160,7 +181,7 @@ def copy_accuracy(checkpoint: Any, files: Sequence[tuple[str, str]], *, n: int, 
     asks, answers = [], []
     while len(asks) < n:
         path, text = files[rng.randrange(len(files))]
-        task = copy_task("quote_line", path, text, rng)
+        task = copy_task(kind, path, text, rng)
         if task is not None:
             asks.append(prompt_ids(tokenizer, task[0]))
             answers.append(task[1])
@@ -172,4 +193,88 @@ def copy_accuracy(checkpoint: Any, files: Sequence[tuple[str, str]], *, n: int, 
         results = [r for lo in range(0, n, batch_size) for r in generator.generate(requests[lo:lo + batch_size])]
     got = [r.response_text.strip() for r in results]
     hits = [g == a.strip() for g, a in zip(got, answers, strict=True)]
-    return {"n": n, "copy_acc": sum(hits) / n, "samples": list(zip(answers, got, strict=True))[:5]}
+    return {"n": n, "kind": kind, "accuracy": sum(hits) / n, "samples": list(zip(answers, got, strict=True))[:5]}
+
+
+# ---- the staged recipe -------------------------------------------------------------------------------------
+
+REPORT_NAME = "pretrain_report.json"
+
+
+def _rows_for(stage: Any, files: Sequence[tuple[str, str]], tokenizer: Any, seed: int) -> list[SftExample]:
+    """Rows enough to fill `stage.steps` batches once (the SFT loop packs them by length)."""
+    budget = stage.steps * stage.max_tokens_per_batch
+    rows: list[SftExample] = []
+    used, draw = 0, 0
+    while used < budget:
+        more = pretrain_examples(files, tokenizer, n=512, seed=seed * 1_000_003 + draw, mix=stage.mix,
+                                 max_tokens=stage.max_tokens_per_batch)
+        if not more:
+            raise ValueError(f"stage {stage.name!r}: its files offer no rows of the kinds {sorted(stage.mix)}")
+        rows += more
+        used += sum(len(r.prompt_ids) + len(r.response_ids) for r in more)
+        draw += 1
+    return rows
+
+
+def pretrain(settings: Any, work_dir: Any, *, command: str = "") -> dict[str, Any]:
+    """Build the `settings.size` model from scratch, train its stages in order, measure it on held-out files.
+
+    Layout under `work_dir`: `stages/<i>-<name>/` one checkpoint per stage (a finished stage is kept, so a
+    killed run resumes at the next one), `final/` the last stage's weights with `pretrain_report.json`
+    (settings, per-stage losses, held-out abilities, the weights' sha256, `command`). Returns the report.
+    The caller sets torch's thread count.
+    """
+    import hashlib
+    import json
+    import shutil
+    from pathlib import Path
+
+    from pipeline.policy.loading import check_checkpoint, load_tokenizer
+    from pipeline.policy.tiny import count_parameters, ensure_checkpoint
+    from pipeline.tasks.settings import resolve_tasks
+    from training.sft import train_sft
+    from training.sft_settings import SftSettings
+
+    root = Path(work_dir)
+    train_tasks, eval_tasks = resolve_tasks(settings.tasks)
+    held_out = pretrain_files(eval_tasks)
+    held_texts = {text for _, text in held_out}
+    files = [(p, t) for p, t in pretrain_files(train_tasks) if t not in held_texts]
+    if not files or not held_out:
+        raise ValueError("pretraining needs training files and held-out files: check pretrain.tasks")
+    previous = ensure_checkpoint(root / "stages" / "0-init", size=settings.size, seed=settings.seed)
+    tokenizer = load_tokenizer(previous)
+    stages = []
+    for i, stage in enumerate(settings.stages, start=1):
+        short = [(p, t) for p, t in files if stage.max_file_lines is None or len(t.splitlines()) <= stage.max_file_lines]
+        rows = _rows_for(stage, short, tokenizer, settings.seed + i)
+        sft = SftSettings(lr=stage.lr, warmup_steps=stage.warmup_steps, max_steps=stage.steps, epochs=100,
+                          max_tokens_per_batch=stage.max_tokens_per_batch, seed=settings.seed + i)
+        report = train_sft(previous, root / "stages" / f"{i}-{stage.name}", rows, sft)
+        previous = Path(report.out_dir)
+        stages.append({"name": stage.name, "steps": report.total_steps, "files": len(short), "rows": len(rows),
+                       "first_loss": report.first_loss, "final_loss": report.final_loss,
+                       "train_s": report.wall.get("train_s")})
+    n = settings.eval_questions
+    abilities = {kind: copy_accuracy(previous, held_out, n=n, seed=settings.seed, kind=kind)
+                 for kind in ("quote_line", "error_name")}
+    final = root / "final"
+    if final.exists():
+        shutil.rmtree(final)
+    shutil.copytree(previous, final, ignore=shutil.ignore_patterns("sft_report.json", "metrics.jsonl", "*.tfevents*"))
+    from pipeline.policy.loading import load_policy
+
+    weights = final / "model.safetensors"
+    report = {
+        "command": command,
+        "settings": settings.model_dump(mode="json"),
+        "parameters": count_parameters(load_policy(check_checkpoint(final), dtype="float32", device="cpu")),
+        "files": {"train": len(files), "held_out": len(held_out)},
+        "stages": stages,
+        "held_out": {kind: {"n": a["n"], "accuracy": a["accuracy"], "samples": a["samples"]}
+                     for kind, a in abilities.items()},
+        "sha256": {"model.safetensors": hashlib.sha256(weights.read_bytes()).hexdigest()},
+    }
+    (final / REPORT_NAME).write_text(json.dumps(report, indent=2) + "\n")
+    return report

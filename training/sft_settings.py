@@ -18,6 +18,19 @@ EPISODE_KINDS = ("write", "edit", "append", "repair")
 DEFAULT_MIX = MappingProxyType({"write": 0.2, "edit": 0.35, "append": 0.15, "repair": 0.3})
 
 
+def check_mix(mix: dict[str, float], kinds: tuple[str, ...], what: str) -> dict[str, float]:
+    """`mix` if it weighs only known `kinds` with finite weights >= 0, one of them > 0; else ValueError."""
+    unknown = sorted(set(mix) - set(kinds))
+    if unknown:
+        raise ValueError(f"unknown {what} kind(s) {unknown}; allowed: {', '.join(kinds)}")
+    bad = {k: v for k, v in mix.items() if not 0.0 <= v < float("inf")}
+    if bad:
+        raise ValueError(f"mix weights must be finite and >= 0, got {bad}")
+    if sum(mix.values()) <= 0:
+        raise ValueError("mix needs at least one kind with a positive weight")
+    return mix
+
+
 def _default_tasks() -> TasksSettings:
     return TasksSettings(
         train=(TaskSourceSpec(source="mbpp", split="train"),),
@@ -68,15 +81,7 @@ class SftSettings(BaseModel):
     @field_validator("mix")
     @classmethod
     def _known_kinds(cls, mix: dict[str, float]) -> dict[str, float]:
-        unknown = sorted(set(mix) - set(EPISODE_KINDS))
-        if unknown:
-            raise ValueError(f"unknown demonstration kind(s) {unknown}; allowed: {', '.join(EPISODE_KINDS)}")
-        bad = {k: v for k, v in mix.items() if not 0.0 <= v < float("inf")}
-        if bad:
-            raise ValueError(f"mix weights must be finite and >= 0, got {bad}")
-        if sum(mix.values()) <= 0:
-            raise ValueError("mix needs at least one kind with a positive weight")
-        return mix
+        return check_mix(mix, EPISODE_KINDS, "demonstration")
 
     @field_validator("schedule")
     @classmethod

@@ -2,6 +2,7 @@
 
 didpo model init --out DIR [--size tiny|small] [--seed N] [--force]   random-weight Qwen2 checkpoint
 didpo model info DIR                                                  what a checkpoint directory holds
+didpo model pretrain --out DIR [--config F --set pretrain.x=y]        the base policy, from scratch (CPU)
 """
 
 from __future__ import annotations
@@ -74,3 +75,39 @@ def info(path: Annotated[Path, typer.Argument(help="checkpoint directory")]) -> 
     width = max(len(key) for key, _ in rows)
     for key, value in rows:
         typer.echo(f"{key:<{width}}  {value}")
+
+
+@model_app.command("pretrain")
+def pretrain(
+    out: Annotated[Path, typer.Option("--out", help="work folder: stages/ (resumable) and final/ (the base)")],
+    config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML config (its `pretrain` section)")] = None,
+    overrides: Annotated[list[str] | None, typer.Option("--set", help="override a key: --set pretrain.seed=1")] = None,
+    threads: Annotated[int, typer.Option("--threads", min=1, help="torch CPU threads")] = 1,
+) -> None:
+    """Build a model from scratch and pretrain it to copy from its context (docs/pretraining.md)."""
+    import os
+    import shlex
+    import sys
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+
+    from pipeline.policy.loading import CheckpointError
+    from pipeline.telemetry import configure
+    from training.pretrain import pretrain as run_pretrain
+    from workflows.cli import load_or_exit
+
+    cfg = load_or_exit(config, list(overrides or []))
+    configure(cfg.logging.level)
+    torch.set_num_threads(threads)
+    command = "didpo " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    try:
+        report = run_pretrain(cfg.pretrain, out, command=command)
+    except (ValueError, FileExistsError, CheckpointError) as e:
+        typer.echo(str(e), err=True)
+        raise typer.Exit(2) from None
+    for stage in report["stages"]:
+        typer.echo(f"stage {stage['name']}: {stage['steps']} steps on {stage['files']} files, "
+                   f"loss {stage['first_loss']:.3f} -> {stage['final_loss']:.3f}")
+    held = ", ".join(f"{k} {v['accuracy']:.2f}" for k, v in report["held_out"].items())
+    typer.echo(f"base policy: {report['parameters']:,} parameters in {out / 'final'}; held-out copying: {held}")

@@ -3,6 +3,7 @@ seeded, bounded and never drawn from held-out tasks; the copy check scores a ver
 
 from __future__ import annotations
 
+import json
 import random
 import re
 
@@ -11,7 +12,17 @@ import pytest
 from pipeline.agent.grammar import apply_action, parse_response
 from pipeline.policy.loading import load_tokenizer
 from pipeline.tasks import load_source
-from training.pretrain import PRETRAIN_KINDS, copy_task, pretrain_examples, pretrain_files
+from training.pretrain import (
+    DEFAULT_PRETRAIN_MIX,
+    PRETRAIN_KINDS,
+    REPORT_NAME,
+    copy_task,
+    induction_row,
+    pretrain,
+    pretrain_examples,
+    pretrain_files,
+)
+from training.pretrain_settings import PretrainSettings, PretrainStage
 
 FILE = (
     "def count_even(xs):\n"
@@ -71,12 +82,34 @@ def test_apply_edit_answers_with_the_whole_file_after_the_shown_edit():
         assert apply_action(action, {"solution.py": FILE}, max_file_bytes=1 << 20)["solution.py"] == answer != FILE
 
 
+def test_quote_many_answers_each_asked_line_after_its_number():
+    lines = FILE.splitlines()
+    for message, answer in _draws("quote_many"):
+        asked = re.search(r"Quote lines ([\d, ]+) of solution\.py, each after its number\.$", message).group(1)
+        numbers = [int(n) for n in asked.split(", ")]
+        got = answer.split("\n")
+        assert 2 <= len(numbers) == len(got)
+        for n, line in zip(numbers, got, strict=True):
+            assert line == f"{n}| {lines[n - 1]}" and lines[n - 1].strip()
+
+
+def test_induction_rows_repeat_random_ordinary_tokens(tokenizer):
+    rng = random.Random(0)
+    rows = [induction_row(tokenizer, rng) for _ in range(20)]
+    special = set(tokenizer.all_special_ids)
+    for row in rows:
+        assert row.response_ids == (*row.prompt_ids, tokenizer.eos_token_id)
+        assert 16 <= len(row.prompt_ids) <= 64 and not special & set(row.prompt_ids)
+    assert len({r.prompt_ids for r in rows}) == 20
+
+
 def test_a_file_without_code_offers_only_plain_modelling():
     rng = random.Random(0)
     assert copy_task("code", "a.py", "\n\n", rng) == ("", "\n\n")
-    assert all(copy_task(k, "a.py", "\n\n", rng) is None for k in PRETRAIN_KINDS if k != "code")
-    with pytest.raises(ValueError, match="unknown pretraining kind"):
-        copy_task("summarise", "a.py", FILE, rng)
+    assert all(copy_task(k, "a.py", "\n\n", rng) is None for k in PRETRAIN_KINDS if k not in ("code", "induction"))
+    for kind in ("summarise", "induction"):  # induction rows have no file
+        with pytest.raises(ValueError, match="unknown pretraining kind"):
+            copy_task(kind, "a.py", FILE, rng)
 
 
 def test_files_skip_held_out_tasks_and_repeats():
@@ -101,9 +134,40 @@ def test_examples_are_seeded_bounded_and_follow_the_mix(tokenizer):
     assert rows != pretrain_examples(files, tokenizer, n=60, seed=4, max_tokens=400)
     assert len(rows) == 60 and all(len(r.prompt_ids) + len(r.response_ids) <= 400 for r in rows)
     assert all(r.response_ids[-1] == tokenizer.eos_token_id for r in rows)
-    assert {r.kind for r in rows} == set(PRETRAIN_KINDS)
+    assert {r.kind for r in rows} == set(DEFAULT_PRETRAIN_MIX)
     only = pretrain_examples(files, tokenizer, n=20, seed=3, mix={"quote_line": 1.0})
     assert {r.kind for r in only} == {"quote_line"}
     for bad in ({"quote_line": 0.0}, {"gossip": 1.0}, {"quote_line": -1.0}):
         with pytest.raises(ValueError, match="mix"):
             pretrain_examples(files, tokenizer, n=5, seed=0, mix=bad)
+
+
+def test_stages_train_in_order_resume_and_measure_on_held_out_files(tmp_path):
+    import hashlib
+
+    from pipeline.policy.loading import check_checkpoint
+    from pipeline.tasks.settings import TaskSourceSpec, TasksSettings
+
+    settings = PretrainSettings(
+        size="tiny", seed=1, eval_questions=4,
+        tasks=TasksSettings(train=(TaskSourceSpec(source="mbpp", split="train", limit=8),),
+                            eval=(TaskSourceSpec(source="mbpp", split="test", limit=3),)),
+        stages=(PretrainStage(name="induction", mix={"induction": 1.0}, steps=3, warmup_steps=1,
+                              max_tokens_per_batch=512),
+                PretrainStage(name="short", mix={"quote_line": 1.0, "quote_many": 1.0}, steps=2, warmup_steps=1,
+                              max_tokens_per_batch=1024, max_file_lines=12)))
+    report = pretrain(settings, tmp_path, command="test")
+    assert [s["name"] for s in report["stages"]] == ["induction", "short"]
+    assert all(s["steps"] == n for s, n in zip(report["stages"], (3, 2), strict=True))
+    final = check_checkpoint(tmp_path / "final")
+    digest = hashlib.sha256((final / "model.safetensors").read_bytes()).hexdigest()
+    assert report["sha256"]["model.safetensors"] == digest
+    assert json.loads((final / REPORT_NAME).read_text())["command"] == "test"
+    assert set(report["held_out"]) == {"quote_line", "error_name"}
+    assert all(a["n"] == 4 and 0.0 <= a["accuracy"] <= 1.0 for a in report["held_out"].values())
+    assert report["files"]["held_out"] > 0
+    # a rerun finds every stage done: the same weights, no training
+    stamp = (tmp_path / "stages" / "2-short" / "model.safetensors").stat().st_mtime_ns
+    again = pretrain(settings, tmp_path, command="test")
+    assert again["sha256"] == report["sha256"]
+    assert (tmp_path / "stages" / "2-short" / "model.safetensors").stat().st_mtime_ns == stamp

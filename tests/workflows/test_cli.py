@@ -65,3 +65,26 @@ def _write(tmp_path, task):
     out.parent.mkdir()
     out.write_text(text)
     return out
+
+
+def test_model_pretrain_builds_a_base_from_scratch_and_refuses_an_unknown_kind(tmp_path):
+    config = tmp_path / "pretrain.yaml"
+    config.write_text(
+        "pretrain:\n"
+        "  size: tiny\n"
+        "  eval_questions: 2\n"
+        "  tasks:\n"
+        "    train: [{source: mbpp, split: train, limit: 4}]\n"
+        "    eval: [{source: mbpp, split: test, limit: 2}]\n"
+        "  stages:\n"
+        "    - {name: copy, mix: {induction: 1.0, quote_line: 1.0}, steps: 2, warmup_steps: 1,"
+        " max_tokens_per_batch: 1024}\n"
+    )
+    result = runner.invoke(app, ["model", "pretrain", "--out", str(tmp_path / "base"), "--config", str(config)])
+    assert result.exit_code == 0, result.output
+    assert "stage copy: 2 steps" in result.output and "held-out copying: quote_line" in result.output
+    assert (tmp_path / "base" / "final" / "pretrain_report.json").is_file()
+    config.write_text(config.read_text().replace("quote_line: 1.0", "gossip: 1.0"))
+    bad = runner.invoke(app, ["model", "pretrain", "--out", str(tmp_path / "b2"), "--config", str(config)])
+    assert bad.exit_code == 2 and "unknown pretraining kind(s) ['gossip']" in bad.output
+    assert "Traceback" not in bad.output and not (tmp_path / "b2").exists()

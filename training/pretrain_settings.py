@@ -1,0 +1,74 @@
+"""Config section `pretrain`: the base policy built from scratch before any SFT (training/pretrain.py).
+
+A recipe is a list of stages, each a mix of row kinds trained through the SFT loop from the previous stage's
+weights. The defaults are the current best attempt of docs/pretraining.md, not yet a recipe that reaches its
+targets: pure copying of random tokens first (nothing but copying lowers that loss), then copying from short
+files, then every kind on longer files.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from pipeline.tasks.settings import TaskSourceSpec, TasksSettings
+from training.sft_settings import check_mix
+
+# Row kinds (training/pretrain.py `copy_task`, `induction_row`).
+PRETRAIN_KINDS = ("induction", "code", "quote_line", "quote_many", "error_name", "edit_line", "apply_edit")
+
+
+class PretrainStage(BaseModel):
+    """One stage: rows drawn from `mix`, trained for `steps` optimizer steps."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(description="label in reports and folder names")
+    mix: dict[str, float] = Field(description=f"relative weight of each row kind ({', '.join(PRETRAIN_KINDS)})")
+    steps: int = Field(ge=1, description="optimizer steps")
+    lr: float = Field(2e-3, gt=0.0, lt=1.0, description="peak learning rate (AdamW), cosine decay to 0.1 x")
+    warmup_steps: int = Field(20, ge=0, description="linear warmup, in optimizer steps")
+    max_tokens_per_batch: int = Field(2048, gt=0, description="token budget of one batch, padding included")
+    max_file_lines: int | None = Field(
+        None, ge=1, description="files longer than this are left out of this stage (short files first)")
+
+    @field_validator("mix")
+    @classmethod
+    def _known_kinds(cls, mix: dict[str, float]) -> dict[str, float]:
+        return check_mix(mix, PRETRAIN_KINDS, "pretraining")
+
+    @model_validator(mode="after")
+    def _warmup_fits(self) -> PretrainStage:
+        if self.warmup_steps >= self.steps:
+            raise ValueError(f"warmup_steps ({self.warmup_steps}) must be below steps ({self.steps})")
+        return self
+
+
+def _default_tasks() -> TasksSettings:
+    return TasksSettings(
+        train=(TaskSourceSpec(source="mbpp", split="train"),),
+        eval=(TaskSourceSpec(source="mbpp", split="test"),),
+    )
+
+
+DEFAULT_STAGES = (
+    PretrainStage(name="induction", mix={"induction": 1.0}, steps=400, lr=1e-3, warmup_steps=20),
+    PretrainStage(name="short", mix={"quote_line": 0.5, "quote_many": 0.5}, steps=1500, max_file_lines=12),
+    PretrainStage(name="full", mix={"quote_line": 0.3, "quote_many": 0.3, "error_name": 0.1, "edit_line": 0.2,
+                                    "code": 0.1}, steps=1000, max_file_lines=40),
+)
+
+
+class PretrainSettings(BaseModel):
+    """Frozen, validated settings of `training.pretrain.pretrain`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    size: str = Field("base", description="size preset of the model built from scratch")
+    seed: int = Field(0, ge=0, description="seed of the weights, the rows and the batch order")
+    tasks: TasksSettings = Field(
+        default_factory=_default_tasks,
+        description="train: tasks whose starting files and reference solutions are pretrained on; eval: held "
+        "out (never trained on, also when they appear in train), their files measure copying",
+    )
+    stages: tuple[PretrainStage, ...] = Field(DEFAULT_STAGES, min_length=1, description="trained in order")
+    eval_questions: int = Field(200, ge=1, description="held-out questions per ability measured at the end")
