@@ -123,11 +123,16 @@ def prompt_ids(tokenizer: Any, message: str) -> tuple[int, ...]:
     return tuple(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-def induction_row(tokenizer: Any, rng: random.Random, lo: int = 16, hi: int = 64) -> SftExample:
-    """Random ordinary token ids as the prompt, the same ids then eos as the response."""
-    first = max(tokenizer.all_special_ids) + 1  # special tokens come first in our vocabularies
-    ids = tuple(rng.randrange(first, len(tokenizer)) for _ in range(rng.randint(lo, hi)))
-    return SftExample("induction", "induction", 0, ids, (*ids, tokenizer.eos_token_id), "")
+def ordinary_ids(tokenizer: Any) -> range:
+    """Ids of the tokenizer's ordinary tokens (special tokens come first in our vocabularies)."""
+    return range(max(tokenizer.all_special_ids) + 1, len(tokenizer))
+
+
+def induction_row(ordinary: range, eos: int, rng: random.Random, lo: int = 16, hi: int = 64) -> SftExample:
+    """Random `ordinary` ids as the prompt, of a random length in [lo, hi] (so the copy sits at no fixed
+    distance), the same ids then `eos` as the response."""
+    ids = tuple(rng.choices(ordinary, k=rng.randint(lo, hi)))
+    return SftExample("induction", "induction", 0, ids, (*ids, eos), "")
 
 
 def pretrain_examples(files: Sequence[tuple[str, str]], tokenizer: Any, *, n: int, seed: int,
@@ -145,13 +150,14 @@ def pretrain_examples(files: Sequence[tuple[str, str]], tokenizer: Any, *, n: in
     kinds = [k for k in PRETRAIN_KINDS if mix.get(k, 0) > 0]
     weights = [mix[k] for k in kinds]
     rng = random.Random(seed)
+    ordinary = ordinary_ids(tokenizer)  # once: len(tokenizer) walks the vocabulary
     out: list[SftExample] = []
     for _ in range(4 * n):
         if len(out) == n:
             break
         kind = rng.choices(kinds, weights)[0]
         if kind == "induction":
-            out.append(induction_row(tokenizer, rng))
+            out.append(induction_row(ordinary, eos, rng))
             continue
         path, text = files[rng.randrange(len(files))]
         task = copy_task(kind, path, text, rng)

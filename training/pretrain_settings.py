@@ -2,8 +2,9 @@
 
 A recipe is a list of stages, each a mix of row kinds trained through the SFT loop from the previous stage's
 weights. The defaults are the current best attempt of docs/pretraining.md, not yet a recipe that reaches its
-targets: pure copying of random tokens first (nothing but copying lowers that loss), then copying from short
-files, then every kind on longer files.
+targets: pure copying of random tokens of varied lengths first (an induction circuit forms after about 1,400
+steps; nothing but copying lowers that loss), then copying from short files (measured: 0.46 greedy quote_line
+on held-out short files after 1,500 steps), then every kind on longer files (not yet measured).
 """
 
 from __future__ import annotations
@@ -51,8 +52,9 @@ def _default_tasks() -> TasksSettings:
 
 
 DEFAULT_STAGES = (
-    PretrainStage(name="induction", mix={"induction": 1.0}, steps=400, lr=1e-3, warmup_steps=20),
-    PretrainStage(name="short", mix={"quote_line": 0.5, "quote_many": 0.5}, steps=1500, max_file_lines=12),
+    PretrainStage(name="induction", mix={"induction": 1.0}, steps=2000, lr=1e-3, warmup_steps=20),
+    PretrainStage(name="short", mix={"quote_line": 0.5, "quote_many": 0.5}, steps=1500, lr=1e-3, warmup_steps=100,
+                  max_file_lines=12),
     PretrainStage(name="full", mix={"quote_line": 0.3, "quote_many": 0.3, "error_name": 0.1, "edit_line": 0.2,
                                     "code": 0.1}, steps=1000, max_file_lines=40),
 )

@@ -18,6 +18,7 @@ from training.pretrain import (
     REPORT_NAME,
     copy_task,
     induction_row,
+    ordinary_ids,
     pretrain,
     pretrain_examples,
     pretrain_files,
@@ -95,7 +96,7 @@ def test_quote_many_answers_each_asked_line_after_its_number():
 
 def test_induction_rows_repeat_random_ordinary_tokens(tokenizer):
     rng = random.Random(0)
-    rows = [induction_row(tokenizer, rng) for _ in range(20)]
+    rows = [induction_row(ordinary_ids(tokenizer), tokenizer.eos_token_id, rng) for _ in range(20)]
     special = set(tokenizer.all_special_ids)
     for row in rows:
         assert row.response_ids == (*row.prompt_ids, tokenizer.eos_token_id)
