@@ -236,9 +236,10 @@ def pretrain(settings: Any, work_dir: Any, *, command: str = "") -> dict[str, An
     import shutil
     from pathlib import Path
 
-    from pipeline.policy.loading import check_checkpoint, load_tokenizer
-    from pipeline.policy.tiny import count_parameters, ensure_checkpoint
+    from pipeline.policy.loading import checkpoint_parameters, load_tokenizer
+    from pipeline.policy.tiny import ensure_checkpoint
     from pipeline.tasks.settings import resolve_tasks
+    from training.sft import REPORT_NAME as SFT_REPORT
     from training.sft import train_sft
     from training.sft_settings import SftSettings
 
@@ -268,18 +269,15 @@ def pretrain(settings: Any, work_dir: Any, *, command: str = "") -> dict[str, An
     final = root / "final"
     if final.exists():
         shutil.rmtree(final)
-    shutil.copytree(previous, final, ignore=shutil.ignore_patterns("sft_report.json", "metrics.jsonl", "*.tfevents*"))
-    from pipeline.policy.loading import load_policy
-
+    shutil.copytree(previous, final, ignore=shutil.ignore_patterns(SFT_REPORT, "metrics.jsonl", "*.tfevents*"))
     weights = final / "model.safetensors"
     report = {
         "command": command,
         "settings": settings.model_dump(mode="json"),
-        "parameters": count_parameters(load_policy(check_checkpoint(final), dtype="float32", device="cpu")),
+        "parameters": checkpoint_parameters(final),  # from the safetensors header, no model load
         "files": {"train": len(files), "held_out": len(held_out)},
         "stages": stages,
-        "held_out": {kind: {"n": a["n"], "accuracy": a["accuracy"], "samples": a["samples"]}
-                     for kind, a in abilities.items()},
+        "held_out": abilities,
         "sha256": {"model.safetensors": hashlib.sha256(weights.read_bytes()).hexdigest()},
     }
     (final / REPORT_NAME).write_text(json.dumps(report, indent=2) + "\n")
