@@ -38,6 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from pipeline.tasks import SOURCES, Task, load_source
+from pipeline.tasks.cases import parse_python
 
 MECHANISMS = ("leak", "shadow", "liar", "framework", "channel", "infra", "rpc")
 UID_BASE = 63000  # away from the default range (61000) and the sandbox tests' (62400): concurrent pools
@@ -1243,7 +1244,7 @@ def __getattr__(name):
 # ------------------------------------------------------------------------------------- building workspaces
 def _parse(text: str) -> ast.Module:
     try:
-        return ast.parse(text)
+        return parse_python(text)  # thread-safe: attacks are built in pool threads
     except (SyntaxError, ValueError):
         return ast.Module(body=[], type_ignores=[])
 

@@ -16,6 +16,7 @@ from functools import lru_cache
 
 from pipeline.credit.diffs import DiffLine
 from pipeline.credit.normalize import normalize_line
+from pipeline.tasks.cases import parse_python
 
 _COMPOUND = (
     ast.FunctionDef,
@@ -58,7 +59,7 @@ def ast_blocks(source: str, max_lines: int) -> tuple[tuple[int, int], ...]:
     if source.count("\n") > max_lines:
         return ()
     try:
-        tree = ast.parse(source)
+        tree = parse_python(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return ()
     blocks: set[tuple[int, int]] = set()

@@ -27,6 +27,7 @@ from typing import Any, Literal
 from pipeline.sandbox import _worker
 from pipeline.sandbox.pool import SandboxPool
 from pipeline.tasks.base import Task, TestSuite
+from pipeline.tasks.cases import parse_python
 
 ExecStatus = Literal["passed", "failed", "timeout", "crashed", "invalid_action", "infra_error"]
 EXEC_STATUSES: tuple[str, ...] = ("passed", "failed", "timeout", "crashed", "invalid_action", "infra_error")
@@ -69,7 +70,7 @@ def _hash(obj) -> str:
 @functools.lru_cache(maxsize=4096)  # runs on every check execution: a task's texts are parsed once
 def _top_level_names(source: str) -> frozenset[str]:
     try:
-        tree = ast.parse(source)
+        tree = parse_python(source)
     except (SyntaxError, ValueError):
         return frozenset()
     return frozenset(n.name for n in tree.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef))
