@@ -110,9 +110,13 @@ def outputs_equal(expected, actual, atol: float) -> bool:
             return expected == actual
         if not isinstance(expected, int | float) or not isinstance(actual, int | float):
             return False
-        if math.isnan(expected) and math.isnan(actual):
+        if expected == actual:  # exact, also between an int beyond float range and a float
             return True
-        return expected == actual or math.isclose(expected, actual, rel_tol=0.0, abs_tol=atol or 1e-6)
+        try:
+            e, a = float(expected), float(actual)
+        except OverflowError:  # an int beyond float range equals no float it is not exactly
+            return False
+        return (math.isnan(e) and math.isnan(a)) or math.isclose(e, a, rel_tol=0.0, abs_tol=atol or 1e-6)
     if type(expected) in (list, tuple):
         return (type(expected) is type(actual) and len(expected) == len(actual)
                 and all(outputs_equal(e, a, atol) for e, a in zip(expected, actual, strict=True)))

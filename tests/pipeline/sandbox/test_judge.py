@@ -85,6 +85,23 @@ def test_outputs_equal_tolerance_and_types():
     assert outputs_equal(float("nan"), float("nan"), 0.0) and not outputs_equal(1.0, 1.1, 0.05)
 
 
+HUGE = 10**400  # beyond float range: float(HUGE) raises OverflowError
+
+
+@pytest.mark.parametrize("actual", [float("nan"), float("inf"), -float("inf"), 1e308, 0.0, 2.5, HUGE + 1])
+@pytest.mark.parametrize("check", OUTPUT_CHECKS)
+def test_checks_are_total_on_ints_beyond_float_range(check, actual):
+    """A task whose answer is a huge int (HumanEval/83's 10**n counts) met with a float: the comparison says
+    no pass (the candidate's failure) instead of raising out of the judge (the liar_float attack found it)."""
+    args = [(HUGE, 3)] if check in ("surface_area", "digit_distance") else [(HUGE,)]
+    for expected, got in ((HUGE, actual), (actual, HUGE)):
+        passed = output_matches(check, expected, got, *args, 0.0)
+        assert passed in (True, False)
+        assert passed is False or check == "any" or (check == "equal_or_zero" and got == 0)
+    assert outputs_equal(HUGE, HUGE, 0.0) and outputs_equal(2**60, float(2**60), 0.0)
+    assert not outputs_equal(HUGE, float("inf"), 0.0)
+
+
 # (check, expected, actual, args, atol, passes): hand-made cases on both sides of each EvalPlus oracle
 ORACLE_CASES = [
     ("equal", [1.0, 2], [1.0 + 1e-9, 2], (), 0.0, True),
@@ -208,6 +225,17 @@ def test_kinds_pass_good_and_fail_bad(judge, task_factory, kind):
     assert bad.isolation == judge.pool.isolation
     broken = judge.run(task, {"solution.py": "def add(a, b)\n    return a + b\n"})
     assert broken.status in ("crashed", "failed") and broken.passed == 0
+
+
+def test_a_float_against_an_answer_beyond_float_range_is_the_candidates_failure(judge, task_factory):
+    """The liar_float attack on HumanEval/83 (answers like 18 * 10**(n-2)) once raised OverflowError out of
+    the judge; through the whole path, every float answer now simply fails."""
+    task = task_factory("io")
+    task = dataclasses.replace(task, hidden_tests=dataclasses.replace(task.hidden_tests, inputs=([HUGE, 1], [1, 2])))
+    for answer in ("float('nan')", "float('inf')", "1e308", "float(a % 7)"):
+        res = judge.run(task, {"solution.py": f"def add(a, b):\n    return {answer}\n"}, hidden=True)
+        assert res.status == "failed" and res.passed <= 1, (answer, res)
+    assert judge.run(task, task.reference, hidden=True).status == "passed"
 
 
 def test_bundled_references_pass_and_buggy_fail(judge):
