@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.schema import DeadLetterRow, StepRow, TrajectoryRow, atomic_write, write_table
-from pipeline.tasks import SOURCES, Task, check_disjoint, load_source, problem_key
+from pipeline.tasks import BUNDLED_FILES, Task, check_disjoint, load_source, problem_key
 
 # The task-meta field that splits a benchmark into subsets (what the loaders record); others report "all".
 SUBSET_KEYS: Mapping[str, str] = {
@@ -65,10 +65,10 @@ def parse_benchmarks(spec: str | Sequence[str]) -> list[str]:
     """'humaneval,mbppplus' -> ['humaneval', 'mbppplus']; ValueError naming an unknown or repeated name."""
     names = [s.strip() for s in (spec.split(",") if isinstance(spec, str) else spec) if s.strip()]
     if not names:
-        raise ValueError(f"--benchmarks names no benchmark; allowed: {', '.join(SOURCES)}")
-    unknown = [n for n in names if n not in SOURCES]
+        raise ValueError(f"--benchmarks names no benchmark; allowed: {', '.join(BUNDLED_FILES)}")
+    unknown = [n for n in names if n not in BUNDLED_FILES]
     if unknown:
-        raise ValueError(f"unknown benchmark {', '.join(unknown)}; allowed: {', '.join(SOURCES)}")
+        raise ValueError(f"unknown benchmark {', '.join(unknown)}; allowed: {', '.join(BUNDLED_FILES)}")
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
         raise ValueError(f"benchmark {', '.join(repeated)} listed more than once")

@@ -2,6 +2,7 @@
 
 didpo tasks list [--source S] [--path P] [--split X] [--limit N]   one row per task, then the count
 didpo tasks show TASK_ID [--path P]                                instructions, workspace, tests
+didpo tasks make-repair --from S --out F [--bugs 1-3 --families .. --n N --seed S]   mint repair tasks
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from rich.console import Console
 from rich.syntax import Syntax
 from rich.table import Table
 
-from pipeline.tasks import SOURCES, Task, TestSuite, count_cases, load_source
+from pipeline.tasks import BUNDLED_FILES, SOURCES, Task, TestSuite, count_cases, load_source
+from pipeline.tasks.repair import FAMILIES, make_repair_tasks, write_recipes
 
 tasks_app = typer.Typer(
     no_args_is_help=True, help="List and inspect task sources (bundled files by default)."
@@ -50,7 +52,7 @@ def list_tasks(
     """One row per task: id, source, split, visible / hidden cases; then the number of tasks."""
     if path is not None and source is None:
         raise _fail("--path needs --source (which format the file is in)")
-    sources = [source] if source is not None else list(SOURCES)
+    sources = [source] if source is not None else list(BUNDLED_FILES)
     tasks = [t for s in sources for t in _load(s, path, split=split, limit=limit)]
     table = Table("task_id", "source", "split", "visible", "hidden", title="tasks")
     for task in tasks:
@@ -89,3 +91,74 @@ def show_task(
     console.print(_suite_summary("hidden", task.hidden_tests), markup=False, highlight=False)
     extras = {k: v for k, v in task.meta.items() if k != "native_id"}
     console.print("meta: " + ", ".join(f"{k}={v}" for k, v in extras.items()), markup=False, highlight=False)
+
+
+def _bug_range(text: str) -> tuple[int, int]:
+    lo, _, hi = text.partition("-")
+    try:
+        return int(lo), int(hi or lo)
+    except ValueError:
+        raise _fail(f"--bugs {text!r}: expected a count or a range like 1-3") from None
+
+
+@tasks_app.command("make-repair")
+def make_repair(
+    source: str = typer.Option(..., "--from", help=f"the source to mint from: {', '.join(BUNDLED_FILES)}"),
+    out: Path = typer.Option(..., "--out", "-o", help="the repair task file to write (JSON Lines)"),
+    path: Path | None = PathOpt,
+    split: str | None = typer.Option(None, "--split", help="draw only from this split of the source"),
+    limit: int | None = typer.Option(None, "--limit", min=1, help="draw only from the first N source tasks"),
+    bugs: str = typer.Option("1-3", "--bugs", help="bugs per task: a count or a range, e.g. 1-3"),
+    families: str = typer.Option(",".join(FAMILIES), "--families", help="bug families, comma-separated"),
+    n: int = typer.Option(100, "--n", min=1, help="repair tasks to mint"),
+    seed: int = typer.Option(0, "--seed", min=0, help="seed of the draws and of the program split"),
+    split_by: str = typer.Option("program", "--split-by", help="program: held-out programs never seen in "
+                                 "train; instance: held-out bug sets of the same programs"),
+    test_fraction: float = typer.Option(0.2, "--test-fraction", help="share of programs (or instances) held out"),
+    pool_size: int = typer.Option(2, "--pool-size", min=1, help="sandbox workers"),
+) -> None:
+    """Inject bugs into reference solutions; keep a bug set only if each bug alone, and the set, fails the
+    visible tests in the sandbox. Writes one recipe per line; load it as source `repair` with that path."""
+    from pipeline.sandbox import Judge, SandboxPool, SandboxSettings
+
+    if source == "repair":
+        raise _fail("--from repair: mint from a benchmark source, not from another repair file")
+    chosen = tuple(f.strip() for f in families.split(",") if f.strip())
+    unknown = sorted(set(chosen) - set(FAMILIES))
+    if unknown or not chosen:
+        raise _fail(f"--families {families!r}: {'unknown ' + ', '.join(unknown) if unknown else 'none given'}; "
+                    f"allowed: {', '.join(FAMILIES)}")
+    if split_by not in ("program", "instance"):
+        raise _fail(f"--split-by {split_by!r}: expected program or instance")
+    if not 0.0 <= test_fraction <= 1.0:
+        raise _fail(f"--test-fraction {test_fraction}: expected a share within [0, 1]")
+    lo, hi = _bug_range(bugs)
+    if not 1 <= lo <= hi:
+        raise _fail(f"--bugs {bugs!r}: expected 1 <= low <= high")
+    tasks = _load(source, path, split=split, limit=limit)
+
+    with SandboxPool(SandboxSettings(pool_size=pool_size)) as pool:
+        judge = Judge(pool)
+
+        def fails(task: Task, workspace: dict) -> bool:
+            result = judge.run(task, workspace)
+            if result.status == "infra_error":
+                raise RuntimeError(f"sandbox infrastructure error on {task.task_id}: {result.detail[:200]}")
+            return result.status != "passed"
+
+        def progress(made: int, attempts: int) -> None:
+            if made % 10 == 0 or made == n:
+                typer.echo(f"  {made}/{n} repair tasks after {attempts} draws", err=True)
+
+        try:
+            recipes = make_repair_tasks(tasks, fails, n=n, bugs=(lo, hi), families=chosen, seed=seed,
+                                        split_by=split_by, test_fraction=test_fraction,
+                                        source_path=str(path) if path else None, on_progress=progress)
+        except (ValueError, RuntimeError) as exc:
+            raise _fail(str(exc)) from None
+    write_recipes(recipes, out)
+    splits = {s: sum(r.split == s for r in recipes) for s in ("train", "test")}
+    per_family = {f: sum(b.family == f for r in recipes for b in r.bugs) for f in FAMILIES}
+    typer.echo(f"wrote {len(recipes)} repair tasks to {out} (split by {split_by}: {splits['train']} train, "
+               f"{splits['test']} test; bugs per family: "
+               + ", ".join(f"{f} {c}" for f, c in per_family.items() if c) + ")")

@@ -21,6 +21,7 @@ from pipeline.tasks.exercism import load_exercism
 from pipeline.tasks.humaneval import load_humaneval, load_humanevalfix
 from pipeline.tasks.mbpp import load_mbpp
 from pipeline.tasks.records import TaskFormatError
+from pipeline.tasks.repair import load_repair
 
 __all__ = [
     "BUNDLED_DIR",
@@ -46,6 +47,7 @@ SOURCES: Mapping[str, Loader] = MappingProxyType(
         "mbppplus": load_mbppplus,
         "humanevalfix": load_humanevalfix,
         "exercism": load_exercism,
+        "repair": load_repair,  # minted by `didpo tasks make-repair` from the others: no bundled file
     }
 )
 
@@ -91,6 +93,9 @@ def load_source(
         raise ValueError(f"ids must be a list of task ids, not the string {ids!r}")
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be >= 1 (or None for all), got {limit}")
+    if path is None and source not in BUNDLED_FILES:
+        raise ValueError(f"source {source!r} has no bundled file: give the path of one "
+                         "(`didpo tasks make-repair` writes repair task files)")
     file = BUNDLED_DIR / BUNDLED_FILES[source] if path is None else Path(path)
     if not file.is_file():
         raise FileNotFoundError(f"task file for source {source!r} not found: {file}")
@@ -108,8 +113,8 @@ def load_source(
 
 
 def load_bundled() -> list[Task]:
-    """Every source's bundled file (one file per source, `BUNDLED_FILES`), sources in `SOURCES` order."""
-    return [task for source in SOURCES for task in load_source(source)]
+    """Every bundled file (one per source, `BUNDLED_FILES`), sources in `SOURCES` order."""
+    return [task for source in SOURCES if source in BUNDLED_FILES for task in load_source(source)]
 
 
 def problem_key(task: Task) -> str:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.tasks import SOURCES, Task, load_source
+from pipeline.tasks import BUNDLED_FILES, Task, load_source
 
 REPO = Path(__file__).resolve().parents[3]
 # The team's full data folder, beside the repository on development and CI machines (optional).
@@ -26,7 +26,7 @@ def bundled_tasks(source: str) -> list[Task]:
 
 @pytest.fixture(scope="session")
 def bundled() -> dict[str, list[Task]]:
-    return {source: bundled_tasks(source) for source in SOURCES}
+    return {source: bundled_tasks(source) for source in BUNDLED_FILES}
 
 
 def write_jsonl(path: Path, rows: list, *, compress: bool = False) -> Path:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.tasks import SOURCES, Task, TestSuite, check_disjoint, load_source, problem_key
+from pipeline.tasks import BUNDLED_FILES, SOURCES, Task, TestSuite, check_disjoint, load_source, problem_key
 
 
 def make_task(task_id: str, problem: str | None, split: str = "train") -> Task:
@@ -28,8 +28,9 @@ def five(tmp_path, jsonl, he_row):
     return jsonl(tmp_path / "he.jsonl", [he_row(n) for n in range(5)])
 
 
-def test_sources_are_the_six_documented_names():
-    assert list(SOURCES) == ["humaneval", "humanevalplus", "mbpp", "mbppplus", "humanevalfix", "exercism"]
+def test_sources_are_the_documented_names_and_all_but_repair_are_bundled():
+    assert list(SOURCES) == ["humaneval", "humanevalplus", "mbpp", "mbppplus", "humanevalfix", "exercism", "repair"]
+    assert list(BUNDLED_FILES) == list(SOURCES)[:-1]
 
 
 def test_limit_keeps_the_first_tasks_in_file_order(five):

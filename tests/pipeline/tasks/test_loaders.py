@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from pipeline.tasks import BUNDLED_DIR, BUNDLED_FILES, SOURCES, TaskFormatError, load_bundled, load_source
+from pipeline.tasks import BUNDLED_DIR, BUNDLED_FILES, TaskFormatError, load_bundled, load_source
 from pipeline.tasks.exercism import MISSING_TEST_HELPERS, SLOW_EXERCISES
 from pipeline.tasks.mbpp import BROKEN_REFERENCES, mbpp_original_split
 
@@ -42,12 +42,12 @@ def test_broken_mbpp_references_are_fifteen():
     assert len(BROKEN_REFERENCES) == 15
 
 
-@pytest.mark.parametrize("source", list(SOURCES))
+@pytest.mark.parametrize("source", list(BUNDLED_FILES))
 def test_bundled_counts_match_the_data_readme(bundled, source):
     assert len(bundled[source]) == EXPECTED_COUNTS[source]
 
 
-@pytest.mark.parametrize("source", list(SOURCES))
+@pytest.mark.parametrize("source", list(BUNDLED_FILES))
 def test_every_task_is_well_formed(bundled, source):
     for task in bundled[source]:
         assert task.source == source
@@ -303,7 +303,7 @@ def test_exercism_tests_importing_a_file_nobody_ships_are_refused(tmp_path, json
         load_source("exercism", jsonl(tmp_path / "bad.jsonl", [_exercism_row(missing)]))
 
 
-@pytest.mark.parametrize("source", list(SOURCES))
+@pytest.mark.parametrize("source", list(BUNDLED_FILES))
 def test_tasks_survive_pickling(bundled, source):
     # Beam pickles tasks between stages.
     sample = bundled[source][:5] + bundled[source][-5:]
@@ -321,6 +321,6 @@ def test_load_bundled_holds_every_source_once(bundled, monkeypatch):
 
     monkeypatch.setattr(tasks_api, "load_source", cached)
     everything = load_bundled()
-    assert calls == [(source, None, {}) for source in SOURCES]
+    assert calls == [(source, None, {}) for source in BUNDLED_FILES]
     assert len(everything) == sum(EXPECTED_COUNTS.values())
     assert len({t.task_id for t in everything}) == len(everything)

@@ -82,3 +82,34 @@ def test_show_refuses_unknown_ids():
         in invoke("show", "humaneval/HumanEval/999").output
     )
     assert "must start with a source name" in invoke("show", "apps/1").output
+
+
+def test_make_repair_mints_tasks_the_sandbox_confirms(tmp_path):
+    from pipeline.sandbox import Judge, SandboxPool, SandboxSettings
+    from pipeline.tasks import load_source
+
+    out = tmp_path / "repair.jsonl"
+    result = invoke("make-repair", "--from", "mbpp", "--split", "train", "--limit", "12", "--n", "5",
+                    "--bugs", "1-2", "--seed", "4", "--out", str(out), "--pool-size", "1")
+    assert result.exit_code == 0, result.output
+    assert "wrote 5 repair tasks" in result.output and "split by program" in result.output
+    tasks = load_source("repair", out)
+    assert len(tasks) == 5
+    with SandboxPool(SandboxSettings(pool_size=1)) as pool:
+        judge = Judge(pool)
+        for task in tasks:  # the buggy workspace fails its visible tests, the reference passes them
+            assert judge.run(task, task.workspace).status in ("failed", "crashed", "timeout"), task.task_id
+            assert judge.run(task, task.reference).status == "passed", task.task_id
+            assert judge.run(task, task.reference, hidden=True).status == "passed", task.task_id
+
+
+def test_make_repair_refuses_bad_options_in_one_line(tmp_path):
+    out = tmp_path / "never.jsonl"
+    for args, message in ((("--families", "typo"), "unknown typo"), (("--bugs", "3-1"), "1 <= low <= high"),
+                          (("--bugs", "x"), "a count or a range"), (("--split-by", "file"), "program or instance"),
+                          (("--from", "repair"), "not from another repair file")):
+        base = {"--from": "mbpp", "--n": "1"}
+        base.update(dict(zip(args[::2], args[1::2], strict=True)))
+        result = invoke("make-repair", *[x for kv in base.items() for x in kv], "--out", str(out))
+        assert result.exit_code == 2 and message in result.output, (args, result.output)
+        assert "Traceback" not in result.output and not out.exists()
