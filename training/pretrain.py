@@ -135,6 +135,18 @@ def induction_row(ordinary: range, eos: int, rng: random.Random, lo: int = 16, h
     return SftExample("induction", "induction", 0, ids, (*ids, eos), "")
 
 
+def mosaic_files(files: Sequence[tuple[str, str]], n: int, seed: int, max_lines: int = 12) -> list[tuple[str, str]]:
+    """`n` files, each 2..`max_lines` lines drawn at random from all of `files` (paths mosaic_<i>.py). Their
+    lines are code the model knows but their order is new, so a quote can only be answered by looking at the
+    prompt: 376 real files are learnt by heart long before the model learns to look (docs/pretraining.md)."""
+    pool = [line for _, text in files for line in text.splitlines() if line.strip()]
+    if not pool and n:
+        raise ValueError("mosaic files need files with non-blank lines")
+    rng = random.Random(seed)
+    return [(f"mosaic_{i}.py", "\n".join(rng.choices(pool, k=rng.randint(2, max(2, max_lines)))) + "\n")
+            for i in range(n)]
+
+
 def pretrain_examples(files: Sequence[tuple[str, str]], tokenizer: Any, *, n: int, seed: int,
                       mix: Mapping[str, float] = DEFAULT_PRETRAIN_MIX, max_tokens: int = 1024) -> list[SftExample]:
     """`n` rows (fewer if files cannot supply them), each a seeded kind on a seeded file; deterministic for
@@ -255,14 +267,16 @@ def pretrain(settings: Any, work_dir: Any, *, command: str = "") -> dict[str, An
     stages = []
     for i, stage in enumerate(settings.stages, start=1):
         short = [(p, t) for p, t in files if stage.max_file_lines is None or len(t.splitlines()) <= stage.max_file_lines]
-        rows = _rows_for(stage, short, tokenizer, settings.seed + i)
-        sft = SftSettings(lr=stage.lr, warmup_steps=stage.warmup_steps, max_steps=stage.steps, epochs=100,
+        mosaic = mosaic_files(short, stage.mosaic_files, settings.seed + i, stage.max_file_lines or 40)
+        rows = _rows_for(stage, short + mosaic, tokenizer, settings.seed + i)
+        sft = SftSettings(lr=stage.lr, schedule=stage.schedule, adam_betas=stage.adam_betas,
+                          warmup_steps=stage.warmup_steps, max_steps=stage.steps, epochs=100,
                           max_tokens_per_batch=stage.max_tokens_per_batch, seed=settings.seed + i)
         report = train_sft(previous, root / "stages" / f"{i}-{stage.name}", rows, sft)
         previous = Path(report.out_dir)
-        stages.append({"name": stage.name, "steps": report.total_steps, "files": len(short), "rows": len(rows),
-                       "first_loss": report.first_loss, "final_loss": report.final_loss,
-                       "train_s": report.wall.get("train_s")})
+        stages.append({"name": stage.name, "steps": report.total_steps, "files": len(short),
+                       "mosaic_files": len(mosaic), "rows": len(rows), "first_loss": report.first_loss,
+                       "final_loss": report.final_loss, "train_s": report.wall.get("train_s")})
     n = settings.eval_questions
     abilities = {kind: copy_accuracy(previous, held_out, n=n, seed=settings.seed, kind=kind)
                  for kind in ("quote_line", "error_name")}

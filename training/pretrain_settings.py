@@ -12,7 +12,8 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from pipeline.tasks.settings import TaskSourceSpec, TasksSettings
-from training.sft_settings import check_mix
+from training.settings import Schedule
+from training.sft_settings import check_betas, check_mix
 
 # Row kinds (training/pretrain.py `copy_task`, `induction_row`).
 PRETRAIN_KINDS = ("induction", "code", "quote_line", "quote_many", "error_name", "edit_line", "apply_edit")
@@ -26,16 +27,27 @@ class PretrainStage(BaseModel):
     name: str = Field(description="label in reports and folder names")
     mix: dict[str, float] = Field(description=f"relative weight of each row kind ({', '.join(PRETRAIN_KINDS)})")
     steps: int = Field(ge=1, description="optimizer steps")
-    lr: float = Field(2e-3, gt=0.0, lt=1.0, description="peak learning rate (AdamW), cosine decay to 0.1 x")
+    lr: float = Field(2e-3, gt=0.0, lt=1.0, description="peak learning rate (AdamW)")
+    schedule: Schedule = Field("cosine", description="after warmup: 'cosine' decay to 0.1 x lr, or 'constant' (a "
+                          "circuit that forms late in the stage still gets the full rate)")
+    adam_betas: tuple[float, float] = Field((0.9, 0.95), description="AdamW (beta1, beta2)")
     warmup_steps: int = Field(20, ge=0, description="linear warmup, in optimizer steps")
     max_tokens_per_batch: int = Field(2048, gt=0, description="token budget of one batch, padding included")
     max_file_lines: int | None = Field(
         None, ge=1, description="files longer than this are left out of this stage (short files first)")
+    mosaic_files: int = Field(
+        0, ge=0, description="extra files of random lines of the stage's files (training/pretrain.py "
+        "`mosaic_files`): nothing in them to learn by heart, so copying from them needs looking")
 
     @field_validator("mix")
     @classmethod
     def _known_kinds(cls, mix: dict[str, float]) -> dict[str, float]:
         return check_mix(mix, PRETRAIN_KINDS, "pretraining")
+
+    @field_validator("adam_betas")
+    @classmethod
+    def _betas(cls, value: tuple[float, float]) -> tuple[float, float]:
+        return check_betas(value)
 
     @model_validator(mode="after")
     def _warmup_fits(self) -> PretrainStage:
@@ -52,7 +64,8 @@ def _default_tasks() -> TasksSettings:
 
 
 DEFAULT_STAGES = (
-    PretrainStage(name="induction", mix={"induction": 1.0}, steps=2000, lr=1e-3, warmup_steps=20),
+    PretrainStage(name="induction", mix={"induction": 1.0}, steps=2000, lr=1e-3, schedule="constant",
+                  warmup_steps=20),
     PretrainStage(name="short", mix={"quote_line": 0.5, "quote_many": 0.5}, steps=1500, lr=1e-3, warmup_steps=100,
                   max_file_lines=12),
     PretrainStage(name="full", mix={"quote_line": 0.3, "quote_many": 0.3, "error_name": 0.1, "edit_line": 0.2,

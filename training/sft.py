@@ -474,7 +474,8 @@ def train_sft(checkpoint_in: str | os.PathLike[str], out_dir: str | os.PathLike[
             model = load_policy(init, dtype="float32", device="cpu")
             model.config.use_cache = False
             model.train()
-            optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
+            optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, betas=settings.adam_betas,
+                                          weight_decay=settings.weight_decay)
             scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(
                 s, warmup=settings.warmup_steps, total=total, schedule=settings.schedule,
                 min_ratio=settings.min_lr_ratio))

@@ -38,6 +38,13 @@ def _default_tasks() -> TasksSettings:
     )
 
 
+def check_betas(betas: tuple[float, float]) -> tuple[float, float]:
+    """AdamW's (beta1, beta2), each in [0, 1): shared by SFT and pretraining stages."""
+    if not all(0.0 <= b < 1.0 for b in betas):
+        raise ValueError(f"adam_betas must each be in [0, 1), got {list(betas)}")
+    return betas
+
+
 class SftSettings(BaseModel):
     """Frozen, validated settings of `training.sft` (examples, optimisation, held-out check)."""
 
@@ -67,6 +74,9 @@ class SftSettings(BaseModel):
     )
     lr: float = Field(3e-3, gt=0.0, lt=1.0, description="peak learning rate (AdamW)")
     weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay")
+    adam_betas: tuple[float, float] = Field(
+        (0.9, 0.999), description="AdamW (beta1, beta2); pretraining from scratch uses beta2 0.95, as LM "
+        "pretraining (and OpenRLHF's default) does")
     warmup_steps: int = Field(5, ge=0, description="linear warmup from 0 to lr, in optimizer steps")
     schedule: str = Field("cosine", description="after warmup: 'cosine' decay to min_lr_ratio*lr, or 'constant'")
     min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0, description="cosine floor as a fraction of lr")
@@ -82,6 +92,11 @@ class SftSettings(BaseModel):
     @classmethod
     def _known_kinds(cls, mix: dict[str, float]) -> dict[str, float]:
         return check_mix(mix, EPISODE_KINDS, "demonstration")
+
+    @field_validator("adam_betas")
+    @classmethod
+    def _betas(cls, value: tuple[float, float]) -> tuple[float, float]:
+        return check_betas(value)
 
     @field_validator("schedule")
     @classmethod

@@ -18,6 +18,7 @@ from training.pretrain import (
     REPORT_NAME,
     copy_task,
     induction_row,
+    mosaic_files,
     ordinary_ids,
     pretrain,
     pretrain_examples,
@@ -143,6 +144,20 @@ def test_examples_are_seeded_bounded_and_follow_the_mix(tokenizer):
             pretrain_examples(files, tokenizer, n=5, seed=0, mix=bad)
 
 
+def test_mosaic_files_are_seeded_new_orders_of_known_lines():
+    files = [("a.py", FILE), ("b.py", "x = 1\ny = 2\n\nprint(x + y)\n")]
+    known = {line for _, text in files for line in text.splitlines() if line.strip()}
+    made = mosaic_files(files, 50, seed=3, max_lines=6)
+    assert made == mosaic_files(files, 50, seed=3, max_lines=6) != mosaic_files(files, 50, seed=4, max_lines=6)
+    assert [p for p, _ in made] == [f"mosaic_{i}.py" for i in range(50)]
+    lines = [text.splitlines() for _, text in made]
+    assert all(2 <= len(ls) <= 6 and set(ls) <= known for ls in lines)
+    assert {len(ls) for ls in lines} == set(range(2, 7))  # varied lengths
+    assert not {text for _, text in made} & {text for _, text in files}  # new files, not copies
+    with pytest.raises(ValueError, match="non-blank"):
+        mosaic_files([("e.py", "\n")], 1, seed=0)
+
+
 def test_stages_train_in_order_resume_and_measure_on_held_out_files(tmp_path):
     import hashlib
 
@@ -156,9 +171,13 @@ def test_stages_train_in_order_resume_and_measure_on_held_out_files(tmp_path):
         stages=(PretrainStage(name="induction", mix={"induction": 1.0}, steps=3, warmup_steps=1,
                               max_tokens_per_batch=512),
                 PretrainStage(name="short", mix={"quote_line": 1.0, "quote_many": 1.0}, steps=2, warmup_steps=1,
-                              max_tokens_per_batch=1024, max_file_lines=12)))
+                              max_tokens_per_batch=1024, max_file_lines=12, mosaic_files=30,
+                              schedule="constant", adam_betas=(0.8, 0.9))))
     report = pretrain(settings, tmp_path, command="test")
     assert [s["name"] for s in report["stages"]] == ["induction", "short"]
+    assert [s["mosaic_files"] for s in report["stages"]] == [0, 30]
+    sft = json.loads((tmp_path / "stages" / "2-short" / "sft_report.json").read_text())["settings"]
+    assert (sft["schedule"], sft["adam_betas"], sft["lr"]) == ("constant", [0.8, 0.9], 2e-3)
     assert all(s["steps"] == n for s, n in zip(report["stages"], (3, 2), strict=True))
     final = check_checkpoint(tmp_path / "final")
     digest = hashlib.sha256((final / "model.safetensors").read_bytes()).hexdigest()
