@@ -26,7 +26,6 @@ import difflib
 import json
 import os
 import random
-import re
 import shutil
 import tempfile
 import time
@@ -132,28 +131,20 @@ def _occurs_once(needle: str, text: str) -> bool:
     return first >= 0 and text.find(needle, first + 1) < 0
 
 
-# Plausible one-line mistakes: (pattern, replacement), tried in a seeded order on one solution line.
-_MUTATIONS = (
-    (r"==", "!="), (r"!=", "=="), (r"<=", "<"), (r">=", ">"), (r"(?<![<>=!-])<(?![<=])", "<="),
-    (r"(?<![<>=!-])>(?![>=])", ">="), (r"\band\b", "or"), (r"\bor\b", "and"), (r"\bTrue\b", "False"),
-    (r"\bFalse\b", "True"), (r"\bmax\b", "min"), (r"\bmin\b", "max"), (r"(?<![\w.])1\b", "2"),
-    (r"(?<![\w.])0\b", "1"), (r" \+ ", " - "), (r" - ", " + "), (r" & ", " | "), (r" \| ", " & "),
-    (r"\*\*", "*"), (r"\+=", "-="), (r"\bnlargest\b", "nsmallest"), (r"\bset\(", "list("),
-    (r"\blen\(", "sum("), (r"\bsorted\(", "reversed("),
-)
-
-
 def mutate_line(text: str, candidates: Sequence[int], rng: random.Random) -> tuple[str, int] | None:
-    """`text` with one mutation on one of the candidate lines (0-based); (mutated text, line) or None."""
-    lines = text.splitlines(keepends=True)
-    for i in rng.sample(list(candidates), len(candidates)):
-        for pattern, repl in rng.sample(_MUTATIONS, len(_MUTATIONS)):
-            matches = list(re.finditer(pattern, lines[i]))
-            if matches:
-                m = rng.choice(matches)
-                lines[i] = lines[i][: m.start()] + repl + lines[i][m.end():]
-                return "".join(lines), i
-    return None
+    """`text` with one bug of the repair catalogue (`pipeline.tasks.repair`, every family that keeps the line)
+    on one of the candidate lines (0-based), the family drawn uniformly first; (mutated text, line) or None."""
+    from pipeline.tasks.repair import FAMILIES, apply_bugs, bug_candidates
+
+    wanted = {i + 1 for i in candidates}
+    by_family: dict[str, list] = {}
+    for bug in bug_candidates(text, tuple(f for f in FAMILIES if f != "delete_line")):
+        if bug.line in wanted:
+            by_family.setdefault(bug.family, []).append(bug)
+    if not by_family:
+        return None
+    bug = rng.choice(by_family[rng.choice(sorted(by_family))])
+    return apply_bugs(text, [bug]), bug.line - 1
 
 
 _THINK = {

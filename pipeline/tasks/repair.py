@@ -175,7 +175,7 @@ def apply_bugs(text: str, bugs: Iterable[Bug]) -> str:
         if not 1 <= bug.line <= len(lines) or lines[bug.line - 1] != bug.original:
             raise ValueError(f"line {bug.line} is not {bug.original!r} in this file")
         lines[bug.line - 1:bug.line] = [] if bug.buggy is None else [bug.buggy]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + ("\n" if text.endswith("\n") else "")
 
 
 def problem_split(key: str, test_fraction: float) -> Split:
