@@ -530,7 +530,7 @@ def evaluate_actions(checkpoint: str | os.PathLike[str], tasks: Sequence[Task], 
     """Sample one first-turn response per held-out task and check it against the grammar.
 
     Returns {"n", "valid", "valid_rate", "applies", "applies_rate", "truncated", "by_kind": {kind: n},
-    "invalid_reasons": {reason: n}, "mean_response_tokens", "seconds"}. `applies` counts valid actions whose
+    "invalid_reasons": {reason: n}, "mean_response_tokens", "seconds", "responses": [text per task]}. `applies` counts valid actions whose
     edits also apply to the workspace (run_tests and finish count as applying).
     """
     import torch
@@ -572,7 +572,7 @@ def evaluate_actions(checkpoint: str | os.PathLike[str], tasks: Sequence[Task], 
         "n": n, "valid": valid, "valid_rate": valid / n, "applies": applies, "applies_rate": applies / n,
         "truncated": truncated, "by_kind": dict(sorted(kinds.items())), "invalid_reasons": dict(sorted(reasons.items())),
         "mean_response_tokens": sum(len(r.response_token_ids) for r in results) / n,
-        "seconds": time.perf_counter() - t0,
+        "seconds": time.perf_counter() - t0, "responses": [r.response_text for r in results],
     }
 
 

@@ -1,0 +1,176 @@
+"""Base policy: can it copy from its context, and does repair SFT on top of it fix programs it never saw?
+
+1. Copying (the base, before any SFT), greedy, on held-out files (MBPP test solutions, never pretrained on):
+   `quote_line` (quote line N of the shown file) and `error_name` (repeat the name a NameError names).
+2. Repair SFT: repair tasks minted from MBPP *test* programs (`pipeline.tasks.repair`, bugs the sandbox
+   confirms, so pretraining saw none of these programs), split by program; one-action demonstrations on the
+   train side (search/replace edits from the buggy file to the reference: `sft_examples` kind `edit`).
+3. Held-out programs, greedy first action: `search_found` = share of tasks whose action is valid and whose
+   every `<search>` text occurs in the file; `fix_unseen` = share whose hidden tests pass after the action
+   (the sandbox judges); `fix_baseline` = the same for the most frequent training response applied to every
+   held-out task, so that a frequent guess never passes for repair. 95% Wilson intervals over tasks.
+
+Last line: `base_policy: params=<n> copy_acc=<x> search_found=<x> fix_unseen=<x> fix_baseline=<x>`.
+Run: `.venv/bin/python benchmarks/base_policy.py [--base runs/base/final] [--tasks 300 --sft-steps 600]`;
+without a base checkpoint it pretrains one with the default recipe first (`didpo model pretrain`, about an
+hour on two cores; resumable). One run per call: repeat with --seed for intervals over seeds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95% Wilson score interval of k successes in n."""
+    if n == 0:
+        return (0.0, 1.0)
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def _share(k: int, n: int) -> str:
+    lo, hi = wilson(k, n)
+    return f"{k / n:.2f} [{lo:.2f}, {hi:.2f}] ({k}/{n})"
+
+
+def _base(args, work: Path) -> Path:
+    from training.pretrain import pretrain
+    from training.pretrain_settings import PretrainSettings
+
+    base = Path(args.base) if args.base else ROOT / "runs" / "base" / "final"
+    if (base / "model.safetensors").is_file():
+        return base
+    if args.base:
+        raise SystemExit(f"base_policy: no checkpoint at {base}")
+    print(f"no base at {base}: pretraining one with the default recipe (resumable)", flush=True)
+    pretrain(PretrainSettings(seed=args.seed), base.parent, command="benchmarks/base_policy.py")
+    return base
+
+
+def _repair_tasks(args, work: Path, judge):
+    from pipeline.tasks import load_source
+    from pipeline.tasks.repair import make_repair_tasks, write_recipes
+
+    path = work / f"repair_seed{args.seed}_n{args.tasks}.jsonl"
+    if not path.is_file():
+        sources = load_source("mbpp", split="test")
+
+        def fails(task, workspace):
+            result = judge.run(task, workspace)
+            if result.status == "infra_error":
+                raise SystemExit(f"base_policy: sandbox infrastructure error on {task.task_id}")
+            return result.status != "passed"
+
+        recipes = make_repair_tasks(sources, fails, n=args.tasks, bugs=(1, args.max_bugs), seed=args.seed,
+                                    test_fraction=args.test_fraction)
+        write_recipes(recipes, path)
+    tasks = load_source("repair", path)
+    return [t for t in tasks if t.split == "train"], [t for t in tasks if t.split == "test"]
+
+
+def _fixes(tasks, responses, judge, max_file_bytes: int) -> tuple[int, int]:
+    """(tasks whose action is valid with every search text in its file, tasks fixed) for one response each."""
+    from pipeline.agent.grammar import InvalidAction, apply_action, parse_response
+
+    found = fixed = 0
+    for task, text in zip(tasks, responses, strict=True):
+        action = parse_response(text)
+        if not action.ok or action.kind in ("run_tests", "finish"):
+            continue
+        searches = [e for e in action.edits if e.op == "replace"]
+        if all(e.search in task.workspace.get(e.path, "") for e in searches):
+            found += 1
+        files = apply_action(action, task.workspace, max_file_bytes=max_file_bytes)
+        if not isinstance(files, InvalidAction) and judge.run(task, files, hidden=True).status == "passed":
+            fixed += 1
+    return found, fixed
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--base", help="a pretrained checkpoint (default: runs/base/final, pretrained if missing)")
+    ap.add_argument("--work", default=str(ROOT / "runs" / "bench" / "base_policy"))
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--copy-questions", type=int, default=200)
+    ap.add_argument("--tasks", type=int, default=300, help="repair tasks minted (train and held out)")
+    ap.add_argument("--max-bugs", type=int, default=1, help="bugs per repair task: 1..this")
+    ap.add_argument("--test-fraction", type=float, default=0.3)
+    ap.add_argument("--episodes", type=int, default=4, help="demonstrations per training task")
+    ap.add_argument("--sft-steps", type=int, default=600)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    args = ap.parse_args()
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    import torch
+
+    torch.set_num_threads(1)
+    from pipeline.agent import EpisodeSettings
+    from pipeline.policy.loading import checkpoint_parameters, load_tokenizer
+    from pipeline.policy.settings import PolicySettings
+    from pipeline.sandbox import Judge, SandboxPool, SandboxSettings
+    from pipeline.tasks import load_source
+    from training.pretrain import copy_accuracy, pretrain_files
+    from training.sft import evaluate_actions, sft_examples, train_sft
+    from training.sft_settings import SftSettings
+
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    base = _base(args, work)
+    params = checkpoint_parameters(base)
+    held_files = pretrain_files(load_source("mbpp", split="test"))
+    copy = {kind: copy_accuracy(base, held_files, n=args.copy_questions, seed=args.seed, kind=kind)
+            for kind in ("quote_line", "error_name")}
+    print(f"base {base}: {params:,} parameters", flush=True)
+    for kind, res in copy.items():
+        print(f"  held-out {kind:<10} {_share(round(res['accuracy'] * res['n']), res['n'])}", flush=True)
+
+    episode = EpisodeSettings(action_spec="brief", max_response_tokens=384)
+    with SandboxPool(SandboxSettings(pool_size=2)) as pool:
+        judge = Judge(pool)
+        train, held = _repair_tasks(args, work, judge)
+        print(f"repair tasks (MBPP test programs, split by program): {len(train)} train, {len(held)} held out",
+              flush=True)
+        tokenizer = load_tokenizer(base)
+        rows = sft_examples(train, tokenizer, episode, seed=args.seed, mix={"edit": 1.0}, finish_rate=0.0,
+                            episodes_per_task=args.episodes)
+        rows = [r for r in rows if r.kind == "edit"]
+        sft_dir = work / f"sft_seed{args.seed}"
+        train_sft(base, sft_dir, rows, SftSettings(lr=args.lr, max_steps=args.sft_steps, epochs=100,
+                                                   warmup_steps=min(20, args.sft_steps // 10),
+                                                   max_tokens_per_batch=4096,
+                                                   seed=args.seed))
+        policy = PolicySettings(checkpoint=str(sft_dir), temperature=0.0, max_new_tokens=384)
+        ev = evaluate_actions(sft_dir, held, episode, policy, seed=args.seed)
+        found, fixed = _fixes(held, ev["responses"], judge, episode.max_file_bytes)
+        frequent, count = Counter(r.response_text for r in rows).most_common(1)[0]
+        _, baseline = _fixes(held, [frequent] * len(held), judge, episode.max_file_bytes)
+    n = len(held)
+    print(f"after repair SFT ({len(rows)} demonstrations, {args.sft_steps} steps), greedy on {n} unseen programs:")
+    print(f"  valid action   {_share(ev['valid'], n)}")
+    print(f"  search found   {_share(found, n)}")
+    print(f"  fixed          {_share(fixed, n)}")
+    print(f"  baseline fixed {_share(baseline, n)} (the most frequent training response, {count} times)")
+    result = {"params": params, "copy_acc": copy["quote_line"]["accuracy"],
+              "error_name": copy["error_name"]["accuracy"], "search_found": found / n, "fix_unseen": fixed / n,
+              "fix_baseline": baseline / n, "held_out": n, "seed": args.seed, "base": str(base),
+              "seconds": round(time.perf_counter() - t0)}
+    (work / f"result_seed{args.seed}.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(f"base_policy: params={params} copy_acc={result['copy_acc']:.2f} search_found={found / n:.2f} "
+          f"fix_unseen={fixed / n:.2f} fix_baseline={baseline / n:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,55 @@
+"""benchmarks/base_policy.py's scoring: the demonstrated fixes of held-out repair tasks are found and fix every
+task in the sandbox; a response that edits nothing real finds and fixes none; the Wilson interval by hand."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline.agent import EpisodeSettings
+from pipeline.policy.loading import load_tokenizer
+from pipeline.sandbox import Judge, SandboxPool, SandboxSettings
+from pipeline.tasks import load_source
+from pipeline.tasks.repair import make_repair_tasks, write_recipes
+from training.sft import sft_examples
+
+_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "base_policy.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("base_policy_under_test", _PATH)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_wilson_interval_by_hand(bench):
+    lo, hi = bench.wilson(8, 10)
+    assert (round(lo, 3), round(hi, 3)) == (0.49, 0.943)
+    assert bench.wilson(0, 0) == (0.0, 1.0)
+
+
+def test_demonstrated_fixes_score_full_and_a_wrong_edit_scores_nothing(bench, tmp_path, tiny_policy):
+    with SandboxPool(SandboxSettings(pool_size=1)) as pool:
+        judge = Judge(pool)
+
+        def fails(task, workspace):
+            return judge.run(task, workspace).status != "passed"
+
+        recipes = make_repair_tasks(load_source("mbpp", split="test", limit=8), fails, n=4, bugs=(1, 2), seed=0)
+        write_recipes(recipes, tmp_path / "r.jsonl")
+        tasks = load_source("repair", tmp_path / "r.jsonl")
+        rows = sft_examples(tasks, load_tokenizer(tiny_policy), EpisodeSettings(action_spec="brief"), seed=0,
+                            mix={"edit": 1.0}, finish_rate=0.0)
+        first = {r.task_id: r.response_text for r in rows if r.kind == "edit" and r.turn == 0}
+        assert set(first) == {t.task_id for t in tasks}
+        found, fixed = bench._fixes(tasks, [first[t.task_id] for t in tasks], judge, 256 * 1024)
+        assert (found, fixed) == (len(tasks), len(tasks))
+        wrong = "<think>x</think>\n<edit>\n<file>solution.py</file>\n<search>no such text</search>\n" \
+                "<replace>y</replace>\n</edit>\n"
+        assert bench._fixes(tasks, [wrong] * len(tasks), judge, 256 * 1024) == (0, 0)
