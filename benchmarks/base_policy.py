@@ -19,6 +19,7 @@ hour on two cores; resumable). One run per call: repeat with --seed for interval
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -147,7 +148,8 @@ def main() -> None:
         rows = sft_examples(train, tokenizer, episode, seed=args.seed, mix={"edit": 1.0}, finish_rate=0.0,
                             episodes_per_task=args.episodes)
         rows = [r for r in rows if r.kind == "edit"]
-        sft_dir = work / f"sft_seed{args.seed}"
+        weights = hashlib.sha256((base / "model.safetensors").read_bytes()).hexdigest()[:12]
+        sft_dir = work / f"sft_{weights}_seed{args.seed}"  # per base: a finished SFT is reused only for its base
         train_sft(base, sft_dir, rows, SftSettings(lr=args.lr, max_steps=args.sft_steps, epochs=100,
                                                    warmup_steps=min(20, args.sft_steps // 10),
                                                    max_tokens_per_batch=4096,
@@ -167,7 +169,7 @@ def main() -> None:
               "error_name": copy["error_name"]["accuracy"], "search_found": found / n, "fix_unseen": fixed / n,
               "fix_baseline": baseline / n, "held_out": n, "seed": args.seed, "base": str(base),
               "seconds": round(time.perf_counter() - t0)}
-    (work / f"result_seed{args.seed}.json").write_text(json.dumps(result, indent=2) + "\n")
+    (sft_dir / "base_policy.json").write_text(json.dumps(result, indent=2) + "\n")
     print(f"base_policy: params={params} copy_acc={result['copy_acc']:.2f} search_found={found / n:.2f} "
           f"fix_unseen={fixed / n:.2f} fix_baseline={baseline / n:.2f}")
 

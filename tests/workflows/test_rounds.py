@@ -56,3 +56,31 @@ def test_one_round_runs_every_stage_and_resumes(tmp_path, tiny_policy):
     faster = cfg.model_copy(update={"train": cfg.train.model_copy(update={"lr": 1e-3})})
     with pytest.raises(RoundConflict, match=r"stage train was completed with other inputs: train\.lr \S+ -> 0\.001\."):
         run_rounds(faster, 1, console=Console(quiet=True))
+
+
+def test_a_round_runs_on_repair_tasks_split_by_program(tmp_path, tiny_policy):
+    from pipeline.sandbox import Judge, SandboxPool, SandboxSettings
+    from pipeline.tasks import load_source
+    from pipeline.tasks.repair import make_repair_tasks, write_recipes
+
+    with SandboxPool(SandboxSettings(pool_size=1)) as pool:
+        judge = Judge(pool)
+        recipes = make_repair_tasks(load_source("mbpp", split="train", limit=16),
+                                    lambda task, files: judge.run(task, files).status != "passed",
+                                    n=8, bugs=(1, 2), seed=0, test_fraction=0.5)
+    path = tmp_path / "repair.jsonl"
+    write_recipes(recipes, path)
+    assert {r.split for r in recipes} == {"train", "test"}
+    cfg = load_config(None, [
+        f"run.root={tmp_path / 'runs'}", f"policy.checkpoint={tiny_policy}", "policy.size=tiny",
+        "policy.max_new_tokens=24", "episode.max_turns=2", "episode.max_response_tokens=512",
+        "pipeline.samples_per_task=2", "sandbox.pool_size=1", "eval.max_tasks=2", "train.max_tokens_per_batch=8192",
+        f"tasks.train=[{{source: repair, path: {path}, split: train, limit: 2}}]",
+        f"tasks.eval=[{{source: repair, path: {path}, split: test, limit: 2}}]",
+        "sft.tasks={train: [{source: mbpp, split: validation, limit: 4}], eval: [{source: humanevalfix, limit: 2}]}", "sft.max_steps=2", "sft.warmup_steps=0", "sft.rl_task_episodes=1",
+    ])
+    rows = run_rounds(cfg, 1, console=Console(quiet=True))
+    assert len(rows) == 1 and 0.0 <= rows[0].heldout_pass_rate <= 1.0
+    trajectories = schema.read_table(tmp_path / "runs" / "local" / "round=0" / "trajectories", "trajectories").to_pylist()
+    train_ids = {r.task_id for r in recipes if r.split == "train"}
+    assert trajectories and {t["task_id"] for t in trajectories} <= train_ids  # rollouts on train programs only
