@@ -8,7 +8,7 @@ through the same loop (`train_sft`): each row is a prompt (context, not trained)
 Kinds, drawn per row from a seeded mix; all but the first on one code file shown the way the episode prompt
 shows files:
 
-  induction   random token ids                          -> the same ids again (no file, no chat; the copying
+  induction   random token ids, eos                     -> the same ids, eos (no file, no chat; the copying
                                                            circuit forms here because nothing but copying
                                                            lowers the loss: docs/pretraining.md)
   code        the file itself, after the assistant header only (plain language modelling on code)
@@ -129,10 +129,12 @@ def ordinary_ids(tokenizer: Any) -> range:
 
 
 def induction_row(ordinary: range, eos: int, rng: random.Random, lo: int = 16, hi: int = 64) -> SftExample:
-    """Random `ordinary` ids as the prompt, of a random length in [lo, hi] (so the copy sits at no fixed
-    distance), the same ids then `eos` as the response."""
+    """Random `ordinary` ids then `eos` as the prompt, of a random length in [lo, hi] (so the copy sits at no
+    fixed distance), the same ids and `eos` as the response. The eos closes the prompt too, so the end of the
+    copy is itself a copy (what followed the last id before): without it the response's eos is the one token
+    copying cannot predict, and the only run whose circuit carried over to files had such a separator."""
     ids = tuple(rng.choices(ordinary, k=rng.randint(lo, hi)))
-    return SftExample("induction", "induction", 0, ids, (*ids, eos), "")
+    return SftExample("induction", "induction", 0, (*ids, eos), (*ids, eos), "")
 
 
 def mosaic_files(files: Sequence[tuple[str, str]], n: int, seed: int, max_lines: int = 12) -> list[tuple[str, str]]:

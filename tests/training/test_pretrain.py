@@ -100,8 +100,9 @@ def test_induction_rows_repeat_random_ordinary_tokens(tokenizer):
     rows = [induction_row(ordinary_ids(tokenizer), tokenizer.eos_token_id, rng) for _ in range(20)]
     special = set(tokenizer.all_special_ids)
     for row in rows:
-        assert row.response_ids == (*row.prompt_ids, tokenizer.eos_token_id)
-        assert 16 <= len(row.prompt_ids) <= 64 and not special & set(row.prompt_ids)
+        assert row.response_ids == row.prompt_ids and row.prompt_ids[-1] == tokenizer.eos_token_id
+        ids = row.prompt_ids[:-1]  # the end of the copy is itself copied: eos closes both
+        assert 16 <= len(ids) <= 64 and not special & set(ids)
     assert len({r.prompt_ids for r in rows}) == 20
 
 
