@@ -256,7 +256,6 @@ def load_repair(path: Path) -> list[Task]:
     from pipeline.tasks import load_source
 
     cache: dict[tuple[str, str | None], dict[str, Task]] = {}
-    tasks = []
 
     def convert(row: _RecipeRow) -> Task:
         key = (row.source, row.source_path)
@@ -274,8 +273,7 @@ def load_repair(path: Path) -> list[Task]:
                               row.split_by, row.seed)
         return build_task(source_task, recipe)
 
-    tasks = load_rows(Path(path), _RecipeRow, convert)
-    return tasks
+    return load_rows(Path(path), _RecipeRow, convert)
 
 
 def write_recipes(recipes: Sequence[RepairRecipe], out: Path) -> None:
@@ -341,7 +339,6 @@ def make_repair_tasks(tasks: Sequence[Task], fails: Verdict, *, n: int, bugs: tu
     reference_fails: dict[str, bool] = {}
     seen: set[str] = set()
     out: list[RepairRecipe] = []
-    attempts = 0
     for attempts in range(1, (max_attempts or 50 * n) + 1):
         if len(out) >= n:
             break
