@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -20,6 +21,7 @@ import numpy as np
 import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "lib"))  # the shared synthetic builders
 
 
 def synthetic_corpus(n: int = 400, seed: int = 0) -> list[str]:
@@ -37,7 +39,9 @@ def synthetic_corpus(n: int = 400, seed: int = 0) -> list[str]:
 
 
 def write_round(root: Path, vocab: int, rows: int, seed: int = 0) -> None:
-    from pipeline.schema import content_id, table_dir, write_table
+    from builders import advantage_row, step_row, write_steps_and_advantages  # tests/lib
+
+    from pipeline.schema import content_id
 
     rng = np.random.default_rng(seed)
     steps, advs = [], []
@@ -46,48 +50,30 @@ def write_round(root: Path, vocab: int, rows: int, seed: int = 0) -> None:
         p, r = int(rng.integers(64, 256)), int(rng.integers(32, 192))
         row_id = content_id(traj, i)
         steps.append(
-            dict(
-                row_id=row_id,
-                traj_id=traj,
-                task_id=task,
-                round=0,
+            step_row(
+                row_id,
+                traj,
+                task,
                 turn=i % 4,
                 prompt_token_ids=rng.integers(3, vocab, p).tolist(),
                 response_token_ids=rng.integers(3, vocab, r).tolist(),
-                response_text="x" * r,
-                token_char_starts=list(range(r)),
-                token_char_ends=list(range(1, r + 1)),
                 behavior_logprobs=[-5.0] * r,
-                action_kind="edit",
-                action_status="ok",
-                action_json="{}",
-                files_before=[],
-                files_after=[],
-                workspace_hash_before="a",
-                workspace_hash_after="b",
-                exec_status="passed",
-                visible_passed=1,
-                visible_total=1,
-                step_reward=0.0,
                 return_to_go=float(i % 5),
-                done=False,
             )
         )
         advs.append(
-            dict(
-                row_id=row_id,
-                traj_id=traj,
-                task_id=task,
+            advantage_row(
+                row_id,
+                traj,
+                task,
+                rng.normal(size=r).astype(np.float32).tolist(),
                 estimator="didpo",
                 lam=1.0,
                 episode_advantage=0.5,
-                token_advantages=rng.normal(size=r).astype(np.float32).tolist(),
-                loss_mask=[1] * r,
                 n_diff_tokens=r,
             )
         )
-    write_table(steps, table_dir(root, "steps"), "steps")
-    write_table(advs, table_dir(root, "advantages"), "advantages")
+    write_steps_and_advantages(root, steps, advs)
 
 
 def openrlhf_loop(ckpt: Path, plan, settings, device: torch.device) -> tuple[int, float]:

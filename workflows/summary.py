@@ -8,7 +8,7 @@ on purpose, so leaving them out of the denominator would reward exactly the traj
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from rich.console import Console
@@ -113,7 +113,3 @@ def print_round_summary(round_dir: str | Path, console: Console | None = None) -
                                             "dead_letter table)")
     console.print(table)
     return s
-
-
-def summary_dict(s: RoundSummary) -> dict:
-    return asdict(s)

@@ -29,34 +29,6 @@ def token_max(char_values: np.ndarray, starts: np.ndarray, ends: np.ndarray, fil
     return out
 
 
-def project_occurrences(
-    starts: np.ndarray,
-    ends: np.ndarray,
-    n_chars: int,
-    spans: Sequence[Sequence[tuple[int, int]]],
-    values: Sequence[float],
-    priorities: Sequence[float],
-) -> tuple[np.ndarray, np.ndarray]:
-    """Per-token diff-level values of one response.
-
-    starts, ends: [T] token char offsets; spans[k]: char spans of occurrence k; values[k]: its A^D;
-    priorities[k]: its GS. Each token takes the value of the covering occurrence with the highest priority
-    (ties: the later one in the given order).
-    Returns (values [T] float64, 0 where uncovered; covered [T] bool).
-    """
-    rank = np.full(n_chars + 1, -1, np.int64)
-    order = sorted(range(len(values)), key=lambda k: priorities[k])
-    for r, k in enumerate(order):
-        for s, e in spans[k]:
-            rank[s:e] = r  # painted in ascending priority: a char keeps its highest-priority occurrence
-    token_rank = token_max(rank, starts, ends, -1)
-    covered = token_rank >= 0
-    ordered_values = np.asarray([values[k] for k in order], np.float64)
-    out = np.zeros(starts.shape[0], np.float64)
-    out[covered] = ordered_values[token_rank[covered]]
-    return out, covered
-
-
 def merge_intervals(
     owner: np.ndarray, lo: np.ndarray, hi: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -94,7 +66,7 @@ def token_runs(
     starts, ends: [T] token char offsets (several rows may share one flat space); owner, char_start,
     char_end: [K] spans, each tagged with its owner (an occurrence). A token covering no character
     (start == end) is never included, so a range stops before it. Returns (owner, first, end) of the merged
-    half-open token ranges, sorted by (owner, first): the same tokens `project_occurrences` paints.
+    half-open token ranges, sorted by (owner, first).
     """
     owner, cs, ce = (np.asarray(a, np.int64) for a in (owner, char_start, char_end))
     nonempty = np.flatnonzero(ends > starts)
@@ -123,16 +95,6 @@ def token_runs(
             pieces.append((run_owner[k], part[0], part[-1] + 1))
     out = np.array(pieces, np.int64).reshape(-1, 3)
     return out[:, 0], out[:, 1], out[:, 2]
-
-
-def tokens_touching(
-    starts: np.ndarray, ends: np.ndarray, n_chars: int, spans: Sequence[tuple[int, int]]
-) -> np.ndarray:
-    """[T] bool: tokens sharing at least one character with any of the spans."""
-    painted = np.zeros(n_chars + 1, np.int8)
-    for s, e in spans:
-        painted[s:e] = 1
-    return token_max(painted, starts, ends, 0).astype(bool)
 
 
 def pad_token_batch(

@@ -3,11 +3,8 @@ task in the sandbox; a response that edits nothing real finds and fixes none; th
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
+from builders import load_benchmark
 
 from pipeline.agent import EpisodeSettings
 from pipeline.policy.loading import load_tokenizer
@@ -16,16 +13,10 @@ from pipeline.tasks import load_source
 from pipeline.tasks.repair import make_repair_tasks, write_recipes
 from training.sft import sft_examples
 
-_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "base_policy.py"
-
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("base_policy_under_test", _PATH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("base_policy", "base_policy_under_test")
 
 
 def test_wilson_interval_by_hand(bench):
@@ -34,6 +25,7 @@ def test_wilson_interval_by_hand(bench):
     assert bench.wilson(0, 0) == (0.0, 1.0)
 
 
+@pytest.mark.slow
 def test_demonstrated_fixes_score_full_and_a_wrong_edit_scores_nothing(bench, tmp_path, tiny_policy):
     with SandboxPool(SandboxSettings(pool_size=1)) as pool:
         judge = Judge(pool)

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
+from builders import step_row
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -83,18 +84,16 @@ def _step(traj: str, task: str, turn: int, before: str, edits: list[Edit], kind:
     assert isinstance(applied, dict), applied
     after = applied[FILE]
     starts, ends = tokenize(response)
-    return {
-        "row_id": schema.content_id(traj, turn), "traj_id": traj, "task_id": task, "round": 0, "turn": turn,
-        "prompt_token_ids": [1, 2, 3], "response_token_ids": [k % 997 for k in range(len(starts))],
-        "response_text": response, "token_char_starts": starts, "token_char_ends": ends,
-        "behavior_logprobs": [-1.0] * len(starts), "action_kind": kind, "action_status": "ok",
-        "action_json": action_json(action),
-        "files_before": [{"path": FILE, "text": before}] if edits else [],
-        "files_after": [{"path": FILE, "text": after}] if edits else [],
-        "workspace_hash_before": schema.content_id(before), "workspace_hash_after": schema.content_id(after),
-        "exec_status": "passed" if reward >= 1.0 else "failed", "visible_passed": 0, "visible_total": 3,
-        "step_reward": reward, "return_to_go": 0.0, "done": False,
-    }, after
+    return step_row(
+        schema.content_id(traj, turn), traj, task, turn=turn,
+        response_token_ids=[k % 997 for k in range(len(starts))], response_text=response,
+        token_char_starts=starts, token_char_ends=ends, action_kind=kind, action_json=action_json(action),
+        files_before=[{"path": FILE, "text": before}] if edits else [],
+        files_after=[{"path": FILE, "text": after}] if edits else [],
+        workspace_hash_before=schema.content_id(before), workspace_hash_after=schema.content_id(after),
+        exec_status="passed" if reward >= 1.0 else "failed", visible_passed=0, visible_total=3,
+        step_reward=reward,
+    ), after
 
 
 def rollout(task, g: int, rng: random.Random) -> list[dict]:
@@ -271,6 +270,7 @@ def small_rounds(draw) -> list[dict]:
     return rows
 
 
+@pytest.mark.slow
 @settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(rows=small_rounds(), lam=st.sampled_from([0.0, 1.0, 1.2]),
        mode=st.sampled_from(["mean_norm", "mean_std_norm"]))

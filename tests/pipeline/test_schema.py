@@ -8,6 +8,7 @@ import os
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from builders import step_row
 
 from pipeline import schema
 from pipeline.schema import SchemaError
@@ -15,17 +16,15 @@ from pipeline.schema import SchemaError
 
 def _step(**over):
     base = dict(
-        row_id="r0", traj_id="t0", task_id="humaneval/0", round=0, turn=0,
-        prompt_token_ids=[1, 2, 3], response_token_ids=[4, 5], response_text="ab",
-        token_char_starts=[0, 1], token_char_ends=[1, 2], behavior_logprobs=[-0.5, -0.25],
-        action_kind="edit", action_status="ok", action_json="{}",
+        row_id="r0", traj_id="t0", task_id="humaneval/0", response_token_ids=[4, 5], response_text="ab",
+        behavior_logprobs=[-0.5, -0.25],
         files_before=[{"path": "solution.py", "text": "x = 1\n"}],
         files_after=[{"path": "solution.py", "text": "x = 2\n"}],
         workspace_hash_before="h0", workspace_hash_after="h1", exec_status="failed",
-        visible_passed=1, visible_total=3, step_reward=0.125, return_to_go=0.375, done=False,
+        visible_total=3, step_reward=0.125, return_to_go=0.375,
     )
     base.update(over)
-    return schema.StepRow(**base)
+    return schema.StepRow(**step_row(**base))
 
 
 def test_every_table_has_a_schema_with_docs_and_version():

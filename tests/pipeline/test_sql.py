@@ -10,6 +10,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
 import typer
+from builders import step_row
 from typer.testing import CliRunner
 
 from pipeline import schema
@@ -67,18 +68,14 @@ def _task_of(traj: str) -> str:
 def _step(traj: str, task: str, turn: int, rtg: float, n_turns: int) -> dict:
     row = f"{traj}t{turn}"
     invalid = INVALID_ROWS.get(row)
-    return {
-        "row_id": row, "traj_id": traj, "task_id": task, "round": 0, "turn": turn,
-        "prompt_token_ids": [1, 2, 3], "response_token_ids": list(range(100, 100 + N_TOK)),
-        "response_text": "abcd" * N_TOK,
-        "token_char_starts": [4 * i for i in range(N_TOK)], "token_char_ends": [4 * i + 4 for i in range(N_TOK)],
-        "behavior_logprobs": [-0.5] * N_TOK, "action_kind": "invalid" if invalid else "edit",
-        "action_status": invalid or "ok", "action_json": "{}", "files_before": [], "files_after": [],
-        "workspace_hash_before": "w0", "workspace_hash_after": "w1",
-        "exec_status": "invalid_action" if invalid else ("passed" if rtg > 0.9 else "failed"),
-        "visible_passed": 1, "visible_total": 2, "step_reward": rtg / 2, "return_to_go": rtg,
-        "done": turn == n_turns - 1,
-    }
+    return step_row(
+        row, traj, task, turn=turn, response_token_ids=range(100, 100 + N_TOK), response_text="abcd" * N_TOK,
+        token_char_starts=[4 * i for i in range(N_TOK)], token_char_ends=[4 * i + 4 for i in range(N_TOK)],
+        behavior_logprobs=[-0.5] * N_TOK, action_kind="invalid" if invalid else "edit",
+        action_status=invalid or "ok", workspace_hash_before="w0", workspace_hash_after="w1",
+        exec_status="invalid_action" if invalid else ("passed" if rtg > 0.9 else "failed"),
+        visible_total=2, step_reward=rtg / 2, return_to_go=rtg, done=turn == n_turns - 1,
+    )
 
 
 def _spans(span: tuple[int, int] | list[tuple[int, int]] | None) -> list[tuple[int, int]]:

@@ -9,6 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from builders import advantage_row, step_row, write_steps_and_advantages
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -37,48 +38,20 @@ def make_round(
                 p, r = int(rng.integers(2, 12)), int(rng.integers(1, 10))
                 row_id = content_id(traj, turn)
                 steps.append(
-                    dict(
-                        row_id=row_id,
-                        traj_id=traj,
-                        task_id=task,
-                        round=0,
+                    step_row(
+                        row_id,
+                        traj,
+                        task,
                         turn=turn,
                         prompt_token_ids=rng.integers(3, VOCAB, p).tolist(),
                         response_token_ids=rng.integers(3, VOCAB, r).tolist(),
-                        response_text="x" * r,
-                        token_char_starts=list(range(r)),
-                        token_char_ends=list(range(1, r + 1)),
                         behavior_logprobs=(-rng.random(r)).astype(np.float32).tolist(),
-                        action_kind="edit",
-                        action_status="ok",
-                        action_json="{}",
-                        files_before=[],
-                        files_after=[],
-                        workspace_hash_before="a",
-                        workspace_hash_after="b",
-                        exec_status="passed",
-                        visible_passed=1,
-                        visible_total=1,
-                        step_reward=0.0,
                         return_to_go=float(reward) * 0.95 ** (turn),
                         done=turn == turns - 1,
                     )
                 )
-                advs.append(
-                    dict(
-                        row_id=row_id,
-                        traj_id=traj,
-                        task_id=task,
-                        estimator="grpo",
-                        lam=0.0,
-                        episode_advantage=0.0,
-                        token_advantages=advantage(rng, r, reward).tolist(),
-                        loss_mask=[1] * r,
-                        n_diff_tokens=0,
-                    )
-                )
-    write_table(steps, table_dir(root, "steps"), "steps")
-    write_table(advs, table_dir(root, "advantages"), "advantages")
+                advs.append(advantage_row(row_id, traj, task, advantage(rng, r, reward).tolist()))
+    write_steps_and_advantages(root, steps, advs)
     return steps, advs
 
 

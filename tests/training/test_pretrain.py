@@ -159,6 +159,7 @@ def test_mosaic_files_are_seeded_new_orders_of_known_lines():
         mosaic_files([("e.py", "\n")], 1, seed=0)
 
 
+@pytest.mark.slow
 def test_stages_train_in_order_resume_and_measure_on_held_out_files(tmp_path):
     import hashlib
 

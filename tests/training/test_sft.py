@@ -196,6 +196,7 @@ def trained(tiny_policy, examples, tmp_path_factory):
     return out, train_sft(tiny_policy, out, examples[:6], FAST)
 
 
+@pytest.mark.slow
 def test_loss_falls_and_checkpoint_loads(tiny_policy, trained):
     from transformers import AutoModelForCausalLM
 
@@ -211,6 +212,7 @@ def test_loss_falls_and_checkpoint_loads(tiny_policy, trained):
     assert (out / REPORT_NAME).is_file() and (out / "metrics.jsonl").is_file()
 
 
+@pytest.mark.slow
 def test_rerun_is_a_noop_and_other_inputs_are_refused(tiny_policy, trained, examples, tmp_path):
     out, report = trained
     stamp = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
@@ -227,12 +229,14 @@ def test_rerun_is_a_noop_and_other_inputs_are_refused(tiny_policy, trained, exam
     assert (busy / "notes.txt").read_text() == "keep me"
 
 
+@pytest.mark.slow
 def test_training_is_deterministic(tiny_policy, trained, examples, tmp_path):
     _, report = trained
     again = train_sft(tiny_policy, tmp_path / "again", examples[:6], FAST)
     assert [s.loss for s in again.steps] == [s.loss for s in report.steps]
 
 
+@pytest.mark.slow
 def test_evaluate_actions_counts(trained, tasks):
     out, _ = trained
     policy = PolicySettings(temperature=1.0, top_p=0.95, max_new_tokens=12)
@@ -263,6 +267,7 @@ def test_bad_inputs_are_refused(tiny_policy, tasks, tokenizer, tmp_path):
         train_sft(Path(tmp_path / "missing"), tmp_path / "y", [], FAST)
 
 
+@pytest.mark.slow
 def test_cold_start_adds_episodes_of_the_rl_tasks_and_prompt_free_copies(tiny_policy, tmp_path):
     from pipeline.config import load_config
     from pipeline.tasks.settings import resolve_tasks

@@ -10,6 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import torch
+from builders import advantage_row, step_row, write_steps_and_advantages
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch.set_num_threads(1)
@@ -62,49 +63,30 @@ def write_round(
         a_d = np.where(np.arange(r) % 2 == 0, diff_adv, 0.0)
         token_adv = (np.float32(a_e) + np.float32(lam) * a_d.astype(np.float32)).astype(np.float32)
         steps.append(
-            dict(
-                row_id=row_id,
-                traj_id=traj,
-                task_id=task,
-                round=0,
+            step_row(
+                row_id,
+                traj,
+                task,
                 turn=i % 2,
                 prompt_token_ids=rng.integers(3, vocab, p).tolist(),
                 response_token_ids=rng.integers(3, vocab, r).tolist(),
-                response_text="x" * r,
-                token_char_starts=list(range(r)),
-                token_char_ends=list(range(1, r + 1)),
                 behavior_logprobs=[-5.0] * r,
-                action_kind="edit",
-                action_status="ok",
-                action_json="{}",
-                files_before=[],
-                files_after=[],
-                workspace_hash_before="a",
-                workspace_hash_after="b",
-                exec_status="passed",
-                visible_passed=1,
-                visible_total=1,
-                step_reward=0.0,
                 return_to_go=float(i),
-                done=False,
             )
         )
         advs.append(
-            dict(
-                row_id=row_id,
-                traj_id=traj,
-                task_id=task,
+            advantage_row(
+                row_id,
+                traj,
+                task,
+                token_adv.tolist(),
                 estimator=estimator,
                 lam=lam,
                 episode_advantage=a_e,
-                token_advantages=token_adv.tolist(),
-                loss_mask=[1] * r,
                 n_diff_tokens=int((a_d != 0).sum()),
             )
         )
-    write_table(steps, table_dir(root, "steps"), "steps")
-    write_table(advs, table_dir(root, "advantages"), "advantages")
-    return root
+    return write_steps_and_advantages(root, steps, advs)
 
 
 def weights(path: Path) -> dict[str, torch.Tensor]:
@@ -131,6 +113,7 @@ def one_step(ckpt, tmp_path_factory):
     return root, out, settings, report
 
 
+@pytest.mark.slow
 def test_one_update_lowers_the_loss_on_its_batch(ckpt, one_step):
     root, out, settings, report = one_step
     assert report.completed and report.total_steps == 1 and report.counts["kept"] == 6
@@ -147,6 +130,7 @@ def test_one_update_lowers_the_loss_on_its_batch(ckpt, one_step):
     assert report.steps[0].tokens == batch.n_tokens and report.steps[0].grad_norm > 0
 
 
+@pytest.mark.slow
 def test_positive_advantage_tokens_gain_probability_negative_lose(ckpt, one_step):
     root, out, settings, _ = one_step
     plan = BatchPlan(load_round(root), 4096, settings.seed, 1, pad_id=0)
@@ -159,6 +143,7 @@ def test_positive_advantage_tokens_gain_probability_negative_lose(ckpt, one_step
     assert min(gain[+1]) > 0 > max(gain[-1])
 
 
+@pytest.mark.slow
 def test_lambda_zero_trains_exactly_like_the_episode_estimator(ckpt, tmp_path):
     vocab = vocab_size(ckpt)
     episode = write_round(tmp_path / "grpo", vocab, estimator="grpo", lam=0.0)
@@ -170,6 +155,7 @@ def test_lambda_zero_trains_exactly_like_the_episode_estimator(ckpt, tmp_path):
     assert_same_weights(tmp_path / "out_grpo", tmp_path / "out_didpo")
 
 
+@pytest.mark.slow
 def test_killed_update_resumes_to_the_same_weights(ckpt, tmp_path):
     root = write_round(tmp_path / "round", vocab_size(ckpt), n_rows=8)
     settings = TrainSettings(
@@ -198,6 +184,7 @@ def test_killed_update_resumes_to_the_same_weights(ckpt, tmp_path):
     assert again.steps_done == full.total_steps and again.resumed_from_step == k
 
 
+@pytest.mark.slow
 def test_wrong_schema_table_is_refused(ckpt, tmp_path):
     import pyarrow.parquet as pq
 
@@ -212,6 +199,7 @@ def test_wrong_schema_table_is_refused(ckpt, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_padding_and_prompt_positions_never_receive_loss(ckpt, tmp_path):
     root = write_round(tmp_path / "round", vocab_size(ckpt), n_rows=6)
     settings = TrainSettings(**dict(FAST, max_tokens_per_batch=4096), kl_coef=0.1, entropy_coef=0.01)
@@ -255,6 +243,7 @@ def test_settings_refuse_impossible_values_with_a_message(bad, message):
     assert (ok.clip_low, ok.clip_high) == (0.2, 0.28)
 
 
+@pytest.mark.slow
 def test_a_round_without_trainable_rows_carries_the_policy_over(ckpt, tmp_path):
     root = write_round(tmp_path / "round", vocab_size(ckpt), n_rows=4)
     adv_dir = table_dir(root, "advantages")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from typer.testing import CliRunner
 
 from workflows.cli import app
@@ -40,6 +41,7 @@ def test_tasks_list_humanevalfix_has_164():
     assert "164" in result.output.splitlines()[-1]
 
 
+@pytest.mark.slow
 def test_exec_says_which_cases_failed_and_why(tmp_path):
     import json
 
@@ -67,6 +69,7 @@ def _write(tmp_path, task):
     return out
 
 
+@pytest.mark.slow
 def test_model_pretrain_builds_a_base_from_scratch_and_refuses_an_unknown_kind(tmp_path):
     config = tmp_path / "pretrain.yaml"
     config.write_text(

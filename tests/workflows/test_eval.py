@@ -9,6 +9,7 @@ from math import comb
 import pyarrow.parquet as pq
 import pytest
 import typer
+from builders import ChatTokenizerStub
 from typer.testing import CliRunner
 
 from pipeline.agent.settings import EpisodeSettings
@@ -152,14 +153,6 @@ class ScriptedPolicy:
                                  list(range(1, n + 1)), [0.0] * n, False) for r in requests]
 
 
-class _Tok:
-    def __call__(self, text, add_special_tokens=False):
-        return {"input_ids": [1 + (ord(ch) % 50) for ch in text[:64]] or [1]}
-
-    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=True, **_):
-        return "\n".join(m["content"] for m in messages)
-
-
 def test_episodes_in_the_sandbox_score_a_correct_and_a_broken_policy():
     from pipeline.sandbox import Judge, SandboxPool
     from pipeline.sandbox.settings import SandboxSettings
@@ -171,7 +164,7 @@ def test_episodes_in_the_sandbox_score_a_correct_and_a_broken_policy():
     episode = EpisodeSettings(max_turns=1, min_turns_before_finish=0)
     tasks = {"humaneval": [task]}
     with SandboxPool(SandboxSettings(pool_size=1)) as pool:
-        runs = {name: run_benchmark_episodes([task], policy, _Tok(), Judge(pool), episode, samples=2, seed=0,
+        runs = {name: run_benchmark_episodes([task], policy, ChatTokenizerStub(), Judge(pool), episode, samples=2, seed=0,
                                              gamma=0.95, batch_size=4)
                 for name, policy in (("good", good), ("bad", bad))}
     good_rows = summarize(task_results(tasks, *runs["good"][:2]), samples=2, ks=(1, 2))
@@ -201,6 +194,7 @@ def _app():
     return app
 
 
+@pytest.mark.slow
 def test_eval_command_prints_and_writes_the_table(tiny_policy, tmp_path):
     out = tmp_path / "eval"
     res = CliRunner().invoke(_app(), [

@@ -12,6 +12,7 @@ import matplotlib.image as mpimg
 import numpy as np
 import pytest
 import typer
+from builders import ChatTokenizerStub
 from typer.testing import CliRunner
 
 from pipeline import schema
@@ -28,14 +29,6 @@ from workflows.report import ReportError, build_report, coloured_response, load_
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 BUG = "    return None  # gave up\n"
 LOST = "# the sandbox dies on this one\n"
-
-
-class _Tok:
-    def __call__(self, text, add_special_tokens=False):
-        return {"input_ids": [1 + (ord(ch) % 50) for ch in text[:64]] or [1]}
-
-    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=True, **_):
-        return "\n".join(m["content"] for m in messages)
 
 
 class _Executor:
@@ -72,7 +65,7 @@ def write_round(run_dir, k: int, tasks, buggy_samples: set[int], heldout: float,
         script[row_id(r.traj_id, 0)] = f"<think>\nwrite it <all> & done\n</think>\n<write path=\"{path}\">\n{body}</write>"
         script[row_id(r.traj_id, 1)] = "<think>\nlooks right\n</think>\n<finish/>"
     trajs, steps, dead = run_rollouts(
-        rollouts, lambda reqs: [_result(q, script[q.key]) for q in reqs], _Tok(), _Executor(),
+        rollouts, lambda reqs: [_result(q, script[q.key]) for q in reqs], ChatTokenizerStub(), _Executor(),
         EpisodeSettings(max_turns=2), gamma=0.95)
     assert len(dead) == len(tasks) * len(lost_samples)
     rd = schema.round_dir(run_dir.parent, run_dir.name, k)
@@ -194,6 +187,7 @@ def test_coloured_response_escapes_and_covers_each_span_once():
     assert html.escape("<") in out and "<b>" not in out
 
 
+@pytest.mark.slow
 def test_two_runs_are_two_arms_on_the_curves(run_dir, tmp_path):
     other = tmp_path / "runs" / "arm_b"
     write_round(other, 0, load_source("humaneval", limit=1), buggy_samples={0, 1, 2}, heldout=0.0)
@@ -203,6 +197,7 @@ def test_two_runs_are_two_arms_on_the_curves(run_dir, tmp_path):
     assert "arm_b" in rep.page.read_text()
 
 
+@pytest.mark.slow
 def test_bad_run_folders_are_refused_by_name(tmp_path, run_dir):
     with pytest.raises(ReportError, match="does not exist"):
         build_report([tmp_path / "nope"], tmp_path / "out")
@@ -216,6 +211,7 @@ def test_bad_run_folders_are_refused_by_name(tmp_path, run_dir):
         build_report([run_dir], tmp_path / "out", steps=["deadbeef"])
 
 
+@pytest.mark.slow
 def test_report_command(run_dir, tmp_path):
     app = typer.Typer()
     app.command()(report_cmd)
@@ -229,7 +225,7 @@ def test_report_command(run_dir, tmp_path):
 def test_rollouts_lost_to_the_sandbox_stay_in_the_counts(tmp_path):
     from rich.console import Console
 
-    from workflows.summary import print_round_summary, summary_dict
+    from workflows.summary import print_round_summary
 
     run = tmp_path / "arm_lost"
     # per task: samples 0, 1 pass, 2 reaches the sandbox retry cap (dead-lettered), 3 is buggy
@@ -238,7 +234,7 @@ def test_rollouts_lost_to_the_sandbox_stay_in_the_counts(tmp_path):
     s = print_round_summary(run / "round=0", console)
     assert (s.rollouts, s.lost_to_sandbox, s.dead_letters, s.tasks) == (8, 2, 2, 2)
     assert s.pass_rate == 0.5  # 4 passes of 8 started rollouts: the lost ones count as not passing
-    assert summary_dict(s)["lost_to_sandbox"] == 2
+    assert dataclasses.asdict(s)["lost_to_sandbox"] == 2
     assert "lost to sandbox failures 2 of 8 rollouts" in " ".join(console.export_text().replace("│", " ").split())
     rnd = load_arm(run).rounds[0]
     assert (rnd.rollouts, rnd.lost_to_sandbox, rnd.pass_rate) == (8, 2, 0.5)

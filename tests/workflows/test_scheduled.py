@@ -197,6 +197,7 @@ def test_train_eval_report_commands_render_to_valid_command_lines(dag_module):
     _cli_parses(report_cmd, report[report.index("report") + 1:])
 
 
+@pytest.mark.slow
 def test_resolve_task_publishes_the_run_folder_and_the_policy_of_the_round(dag_module, tmp_path):
     template = dag_module.dag.tasks["resolve_run"].kwargs["bash_command"]
 

@@ -89,6 +89,7 @@ def test_chat_template_rendering_uses_the_tokenizer():
     assert ep.render_prompt().endswith("<|im_start|>assistant\n")  # no tokenizer: ChatML
 
 
+@pytest.mark.slow
 @settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.one_of(st.text(max_size=120), st.sampled_from([FIX, "<think>t</think><finish/>",
                                                                   "<think>t</think><run_tests/>"])),

@@ -139,6 +139,7 @@ def actions(draw):
     return Action(k, think, (0, 0), tuple(edits))
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(actions())
 def test_render_parse_round_trip(action):
@@ -159,6 +160,7 @@ def _check_total(result):
     action_json(result)  # what the steps table stores must serialize too
 
 
+@pytest.mark.slow
 @settings(max_examples=1000, deadline=None)
 @given(st.text(max_size=300))
 def test_fuzz_random_text(text):
@@ -166,6 +168,7 @@ def test_fuzz_random_text(text):
     _check_total(parse_action(text, FILES, max_file_bytes=1000))
 
 
+@pytest.mark.slow
 @settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(actions(), st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 3), st.text(max_size=6)), max_size=5))
 def test_fuzz_mutated_responses(action, mutations):
@@ -217,6 +220,7 @@ _SOUP_PIECES = st.one_of(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(_SOUP_PIECES, max_size=30).map("".join), st.booleans())
 def test_tag_soup_never_raises(soup, truncated):

@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 import typer
+from builders import step_row
 from typer.testing import CliRunner
 
 from pipeline.credit import CreditSettings, compute_credit
@@ -30,28 +31,22 @@ def _step_row(step) -> dict:
             for e in step.edits
         ],
     }
-    return dict(
-        row_id=step.row_id,
-        traj_id=step.traj_id,
-        task_id=step.task_id,
-        round=0,
+    return step_row(
+        step.row_id,
+        step.traj_id,
+        step.task_id,
         turn=step.turn,
         prompt_token_ids=[1, 2],
-        response_token_ids=list(range(step.n_tokens)),
+        response_token_ids=range(step.n_tokens),
         response_text=step.response_text,
         token_char_starts=step.token_char_starts.tolist(),
         token_char_ends=step.token_char_ends.tolist(),
         behavior_logprobs=[0.0] * step.n_tokens,
-        action_kind="edit",
-        action_status="ok",
         action_json=json.dumps(action),
         files_before=[{"path": p, "text": t} for p, t in step.files_before.items()],
         files_after=[{"path": p, "text": t} for p, t in step.files_after.items()],
         workspace_hash_before="h",
         workspace_hash_after="h2",
-        exec_status="passed",
-        visible_passed=1,
-        visible_total=1,
         step_reward=step.step_reward,
         return_to_go=step.step_reward,
         done=True,

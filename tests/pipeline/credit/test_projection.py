@@ -2,11 +2,54 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import pytest
 
 from pipeline.credit import CreditSettings, compute_credit, pad_token_batch
-from pipeline.credit.projection import merge_intervals, project_occurrences, token_runs, tokens_touching
+from pipeline.credit.projection import merge_intervals, token_max, token_runs
+
+# Reference painters: the projection rule written the slow, obvious way (a value per character, then per
+# token through `token_max`); no production code uses them.
+
+
+def project_occurrences(
+    starts: np.ndarray,
+    ends: np.ndarray,
+    n_chars: int,
+    spans: Sequence[Sequence[tuple[int, int]]],
+    values: Sequence[float],
+    priorities: Sequence[float],
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per-token diff-level values of one response.
+
+    starts, ends: [T] token char offsets; spans[k]: char spans of occurrence k; values[k]: its A^D;
+    priorities[k]: its GS. Each token takes the value of the covering occurrence with the highest priority
+    (ties: the later one in the given order).
+    Returns (values [T] float64, 0 where uncovered; covered [T] bool).
+    """
+    rank = np.full(n_chars + 1, -1, np.int64)
+    order = sorted(range(len(values)), key=lambda k: priorities[k])
+    for r, k in enumerate(order):
+        for s, e in spans[k]:
+            rank[s:e] = r  # painted in ascending priority: a char keeps its highest-priority occurrence
+    token_rank = token_max(rank, starts, ends, -1)
+    covered = token_rank >= 0
+    ordered_values = np.asarray([values[k] for k in order], np.float64)
+    out = np.zeros(starts.shape[0], np.float64)
+    out[covered] = ordered_values[token_rank[covered]]
+    return out, covered
+
+
+def tokens_touching(
+    starts: np.ndarray, ends: np.ndarray, n_chars: int, spans: Sequence[tuple[int, int]]
+) -> np.ndarray:
+    """[T] bool: tokens sharing at least one character with any of the spans."""
+    painted = np.zeros(n_chars + 1, np.int8)
+    for s, e in spans:
+        painted[s:e] = 1
+    return token_max(painted, starts, ends, 0).astype(bool)
 
 
 def test_highest_gs_occurrence_wins_and_nothing_leaks():

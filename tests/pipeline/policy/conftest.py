@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from pipeline.policy.loading import load_policy, load_tokenizer
 from pipeline.policy.tiny import CheckpointInfo, build_checkpoint
 
 # Code the project does not edit: with the repository's own sources, every source edit changed the tiny
@@ -52,3 +53,15 @@ def tiny_checkpoint(tmp_path_factory, policy_corpus) -> CheckpointInfo:
     return build_checkpoint(
         tmp_path_factory.mktemp("policy") / "tiny", size="tiny", corpus=policy_corpus, seed=0
     )
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_checkpoint):
+    """The tiny checkpoint's tokenizer, loaded once per test module."""
+    return load_tokenizer(tiny_checkpoint.path)
+
+
+@pytest.fixture(scope="module")
+def model(tiny_checkpoint):
+    """The tiny checkpoint's model, loaded once per test module (a module may change it)."""
+    return load_policy(tiny_checkpoint.path)

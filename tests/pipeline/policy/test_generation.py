@@ -26,23 +26,12 @@ from pipeline.policy.generation import (
     stop_token_ids,
     vllm_sampling_kwargs,
 )
-from pipeline.policy.loading import load_policy, load_tokenizer
 from pipeline.policy.settings import PolicySettings
 from pipeline.policy.tiny import ENDOFTEXT, IM_END, IM_START, SPECIAL_TOKENS
 
 torch.set_num_threads(1)
 
 BYTE_SYMBOL = bytes_to_unicode()  # byte -> the character that spells it in a byte-level vocabulary
-
-
-@pytest.fixture(scope="module")
-def tok(tiny_checkpoint):
-    return load_tokenizer(tiny_checkpoint.path)
-
-
-@pytest.fixture(scope="module")
-def model(tiny_checkpoint):
-    return load_policy(tiny_checkpoint.path)
 
 
 @pytest.fixture(scope="module")

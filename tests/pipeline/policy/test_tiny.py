@@ -40,17 +40,6 @@ from pipeline.policy.tiny import (
 from pipeline.tasks.base import Task, TestSuite
 from workflows.model_cmd import model_app
 
-
-@pytest.fixture(scope="module")
-def tok(tiny_checkpoint):
-    return load_tokenizer(tiny_checkpoint.path)
-
-
-@pytest.fixture(scope="module")
-def model(tiny_checkpoint):
-    return load_policy(tiny_checkpoint.path)
-
-
 # ---------------------------------------------------------------- checkpoint files and loading
 
 

@@ -259,6 +259,7 @@ RUNAWAYS = [
 ]
 
 
+@pytest.mark.slow
 def test_runaway_jobs_never_spoil_the_next_correct_one(judge, task_factory):
     """Runaway and correct jobs interleaved on both slots at once: every correct job is scored passed."""
     from concurrent.futures import ThreadPoolExecutor

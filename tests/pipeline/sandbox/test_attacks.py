@@ -7,27 +7,16 @@ code correctly. The full sets run in the benchmark; here a few small tasks a kin
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
+from builders import load_benchmark
 
 from pipeline.tasks import load_source
 
-_PATH = Path(__file__).resolve().parents[3] / "benchmarks" / "judge_attacks.py"
+pytestmark = pytest.mark.slow  # every case runs attacks through the sandbox: over a minute in all
 
-
-def _load_catalogue():
-    spec = importlib.util.spec_from_file_location("judge_attacks_under_test", _PATH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
-
-
-attacks = _load_catalogue()
+attacks = load_benchmark("judge_attacks", "judge_attacks_under_test")
 
 SHAPED = ("shadow", "liar", "rpc")  # mechanisms whose outcome depends on how the tests use the values
 TASKS = {  # suite kind -> (source, native id, mechanisms run on it): small, fast, each there for a reason

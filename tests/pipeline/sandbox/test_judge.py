@@ -158,6 +158,7 @@ def _io_task(reference: str, inputs: tuple, output_check: str, entry_point: str 
                 reference={"solution.py": reference}, meta={"output_check": output_check, **meta})
 
 
+@pytest.mark.slow
 def test_humaneval_32_accepts_any_root_and_refuses_a_wrong_one(judge):
     (task,) = [t for t in load_source("humanevalplus") if t.task_id == "humanevalplus/HumanEval/32"]
     assert task.meta["output_check"] == "poly_root"
@@ -202,6 +203,7 @@ def test_task_timeout_is_a_floor_on_the_wall_deadline(pool, task_factory):
         judge.run(dataclasses.replace(base, meta={"timeout_s": -1}), {"solution.py": GOOD})
 
 
+@pytest.mark.slow
 def test_exercism_helpers_import_and_skips_are_no_cases(judge):
     tasks = {t.task_id: t for t in load_source("exercism", ids=["exercism/error-handling", "exercism/alphametics"])}
     handling = tasks["exercism/error-handling"]
@@ -238,6 +240,7 @@ def test_a_float_against_an_answer_beyond_float_range_is_the_candidates_failure(
     assert judge.run(task, task.reference, hidden=True).status == "passed"
 
 
+@pytest.mark.slow
 def test_bundled_references_pass_and_buggy_fail(judge):
     for task in load_source("humanevalfix", limit=6):
         assert judge.run(task, task.reference, hidden=True).status == "passed", task.task_id
@@ -247,6 +250,7 @@ def test_bundled_references_pass_and_buggy_fail(judge):
         assert judge.run(task, task.workspace, hidden=True).status != "passed", task.task_id
 
 
+@pytest.mark.slow
 def test_dead_worker_is_an_infra_error_then_recovers(pool, judge, task_factory):
     worker = pool._slots.queue[0]
     worker.proc.kill()  # the sandbox dies under us: retried on a restarted slot

@@ -58,6 +58,7 @@ def test_shared_counts_cover_every_bundled_file():
     assert sorted(SHARED_COUNTS) == data_files()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(SHARED_COUNTS))
 def test_shared_data_files_load_to_the_documented_counts(shared_data, name):
     source, count = SHARED_COUNTS[name]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from typer.testing import CliRunner
 
 from workflows.tasks_cmd import tasks_app
@@ -84,6 +85,7 @@ def test_show_refuses_unknown_ids():
     assert "must start with a source name" in invoke("show", "apps/1").output
 
 
+@pytest.mark.slow
 def test_make_repair_mints_tasks_the_sandbox_confirms(tmp_path):
     from pipeline.sandbox import Judge, SandboxPool, SandboxSettings
     from pipeline.tasks import load_source

@@ -8,6 +8,7 @@ import apache_beam as beam
 import pytest
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to, is_not_empty
+from builders import step_row
 
 from pipeline import schema
 from pipeline.agent.episode import workspace_hash
@@ -39,17 +40,16 @@ def _step(task_id: str, sample: int, code: str, reward: float, turn: int = 0) ->
     before = {"solution.py": STUB}
     after = apply_action(action, before, max_file_bytes=1 << 20)
     traj = f"traj-{task_id}-{sample}"
-    starts = list(range(len(response)))  # one character per token keeps the offsets trivially exact
-    return schema.StepRow(
-        row_id=row_id(traj, turn), traj_id=traj, task_id=task_id, round=0, turn=turn, prompt_token_ids=[1],
-        response_token_ids=[5] * len(response), response_text=response, token_char_starts=starts,
-        token_char_ends=[s + 1 for s in starts], behavior_logprobs=[-1.0] * len(response), action_kind="write",
-        action_status="ok", action_json=schema_json(action), files_before=[{"path": "solution.py", "text": STUB}],
+    # one character per token (step_row's default offsets) keeps the offsets trivially exact
+    return schema.StepRow(**step_row(
+        row_id(traj, turn), traj, task_id, turn=turn, prompt_token_ids=[1], response_token_ids=[5] * len(response),
+        response_text=response, action_kind="write", action_json=schema_json(action),
+        files_before=[{"path": "solution.py", "text": STUB}],
         files_after=[{"path": "solution.py", "text": after["solution.py"]}],
         workspace_hash_before=workspace_hash(before), workspace_hash_after=workspace_hash(after),
-        exec_status="passed" if reward else "failed", visible_passed=int(reward), visible_total=1,
+        exec_status="passed" if reward else "failed", visible_passed=int(reward),
         step_reward=reward, return_to_go=reward, done=True,
-    )
+    ))
 
 
 def schema_json(action) -> str:
@@ -58,6 +58,7 @@ def schema_json(action) -> str:
     return action_json(action)
 
 
+@pytest.mark.slow
 def test_write_then_read_table_roundtrip(tmp_path):
     rows = [_step("t/1", i, FIX, 1.0) for i in range(5)]
     with _pipeline() as p:
@@ -82,6 +83,7 @@ def test_write_table_is_deterministic(tmp_path):
     assert [f.read_bytes() for f in a] == [f.read_bytes() for f in b]
 
 
+@pytest.mark.slow
 def test_credit_units_groups_shared_changes_per_task_and_routes_bad_rows():
     rows = [_step("t/1", i, FIX, 1.0) for i in range(3)] + [_step("t/1", 3, OTHER, 0.0)]
     rows += [_step("t/2", i, FIX, float(i % 2)) for i in range(4)]
