@@ -29,7 +29,7 @@ def main() -> None:
 
     from pipeline import schema
     from pipeline.config import load_config
-    from pipeline.credit import compute_credit
+    from pipeline.credit import assign_advantages, credit_units
     from pipeline.credit_io import result_tables, steps_from_table
     from pipeline.policy.generation import TransformersGenerator
     from pipeline.policy.loading import load_policy, load_tokenizer
@@ -87,7 +87,7 @@ def main() -> None:
     for name in ("subdiffs", "anchors", "anchor_members"):
         (loop_dir / name).mkdir(parents=True, exist_ok=True)
     for i, group in enumerate(by_task.values()):
-        for name, tab in result_tables(compute_credit(group, cfg.credit),
+        for name, tab in result_tables(assign_advantages(credit_units(group, cfg.credit), cfg.credit),
                                        ("subdiffs", "anchors", "anchor_members")).items():
             schema.write_table(tab, loop_dir / name, name, part=i)
     loop_stages["credit_units"] = time.perf_counter() - t

@@ -189,6 +189,11 @@ ROW_TYPES: dict[str, type] = {
 TABLES = tuple(ROW_TYPES)
 
 
+def columns(table: str) -> tuple[str, ...]:
+    """Column names of a contract table, in schema order (the one list of them)."""
+    return tuple(f.name for f in dataclasses.fields(_row_type(table)))
+
+
 def arrow_schema(table: str) -> pa.Schema:
     """The Arrow schema of a contract table, with each field's meaning as field metadata."""
     row_type = _row_type(table)

@@ -1,8 +1,8 @@
 """`didpo credit --steps STEPS --out DIR`: re-run credit assignment on a steps table.
 
-Reads a steps table (a Parquet file or a folder of parts; the data contract), runs
-`pipeline.credit.compute_credit` with the given settings and writes the subdiffs, anchors, anchor_members
-and advantages tables under DIR (DIR/<table>/part-00000.parquet) plus DIR/credit_diagnostics.json. Users
+Reads a steps table (a Parquet file or a folder of parts; the data contract), runs `pipeline.credit`
+(`credit_units`, then `assign_advantages`) with the given settings and writes the subdiffs, anchors,
+anchor_members and advantages tables under DIR (DIR/<table>/part-00000.parquet) plus DIR/credit_diagnostics.json. Users
 re-run credit assignment with other settings without regenerating rollouts. DIR is written in a temp folder
 next to it and moved into place when complete, replacing an earlier credit output there; a failure leaves no
 half-written DIR.
@@ -19,7 +19,7 @@ from typing import Annotated
 import typer
 from pydantic import ValidationError
 
-from pipeline.credit import CreditInputError, CreditResult, CreditSettings, compute_credit
+from pipeline.credit import CreditInputError, CreditResult, CreditSettings, assign_advantages, credit_units
 from pipeline.credit_io import CREDIT_TABLES as OUTPUT_TABLES
 from pipeline.credit_io import result_tables, steps_from_table
 from pipeline.schema import SchemaError, atomic_folder, atomic_write, read_table, write_table
@@ -84,7 +84,8 @@ def credit(
         table = read_table(steps, "steps")
         if table.num_rows == 0:
             raise UserError(f"--steps {steps}: the steps table has no rows, so there is nothing to assign credit to")
-        result = compute_credit(steps_from_table(table, str(steps)), settings)
+        # every table, whatever the estimator reads: they are written for analysis
+        result = assign_advantages(credit_units(steps_from_table(table, str(steps)), settings), settings)
         with atomic_folder(out) as staging:
             write_credit(result, staging)
     except (SchemaError, CreditInputError) as e:

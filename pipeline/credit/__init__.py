@@ -1,11 +1,19 @@
 """Credit assignment of DiDPO as pure, fast functions (no Beam, torch or DuckDB).
 
-Entry point: `compute_credit(steps, settings) -> CreditResult`. See `pipeline.credit.batch` for the
-algorithm in numbered steps and DESIGN.md "The algorithm".
+Entry point: `compute_credit(steps, settings) -> CreditResult`, or its two halves `credit_units` (steps 1-8:
+returns, sub-diffs, anchors, A^D and its projection) and `assign_advantages` (step 9: the estimator). See
+`pipeline.credit.batch` for the algorithm in numbered steps and docs/design.md.
 """
 
 from pipeline.credit.anchors import groupability
-from pipeline.credit.batch import CreditResult, compute_credit
+from pipeline.credit.batch import (
+    CreditResult,
+    CreditUnits,
+    assign_advantages,
+    compute_credit,
+    credit_units,
+    reads_units,
+)
 from pipeline.credit.did import fit_effects  # importing it registers the didpo_did estimator
 from pipeline.credit.estimators import ESTIMATORS, EstimatorBatch, EstimatorOutput, register_estimator
 from pipeline.credit.inputs import CreditInputError, Edit, StepInput, edits_from_action
@@ -29,15 +37,19 @@ __all__ = [
     "ESTIMATORS",
     "CreditInputError",
     "CreditResult",
+    "CreditUnits",
     "CreditSettings",
     "Edit",
     "EstimatorBatch",
     "EstimatorOutput",
     "StepInput",
+    "assign_advantages",
     "compute_credit",
+    "credit_units",
     "edits_from_action",
     "fit_effects",
     "groupability",
     "pad_token_batch",
+    "reads_units",
     "register_estimator",
 ]

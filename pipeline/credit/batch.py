@@ -17,13 +17,13 @@
 
 from __future__ import annotations
 
-import hashlib
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import partial
+from functools import cache, partial
 
 import numpy as np
+from threadpoolctl import ThreadpoolController
 
 from pipeline.credit.advantages import group_center
 from pipeline.credit.anchors import Cluster, cut_overlaps, facility_location, groupability
@@ -37,57 +37,9 @@ from pipeline.credit.returns import episode_returns, returns_to_go
 from pipeline.credit.settings import CreditSettings
 from pipeline.credit.similarity import ShingleSets, cluster_texts, minhash_signatures
 from pipeline.credit.subdiffs import Candidate, ast_blocks, hunk_candidates
+from pipeline.schema import columns, content_id
 
-_SCALE_RANK = {"hunk": 0, "ast": 1}
-# Column names of the tables (pipeline/schema.py is the contract; these match it).
-SUBDIFF_COLUMNS = (
-    "subdiff_id",
-    "row_id",
-    "traj_id",
-    "task_id",
-    "file",
-    "edit_type",
-    "scale",
-    "line_start",
-    "line_end",
-    "char_start",
-    "char_end",
-    "token_start",
-    "token_end",
-    "char_spans",
-    "token_spans",
-    "n_lines",
-    "normalized_text",
-)
-ANCHOR_COLUMNS = (
-    "anchor_id",
-    "task_id",
-    "edit_type",
-    "n_rows",
-    "n_members",
-    "mean_lines",
-    "gs",
-    "representative_subdiff_id",
-    "text",
-)
-MEMBER_COLUMNS = ("anchor_id", "subdiff_id", "row_id", "task_id", "diff_advantage")
-ADVANTAGE_COLUMNS = (
-    "row_id",
-    "traj_id",
-    "task_id",
-    "estimator",
-    "lam",
-    "episode_advantage",
-    "token_advantages",
-    "loss_mask",
-    "n_diff_tokens",
-)  # kept first when a row exceeds max_candidates_per_row
-
-
-def content_id(*parts: object) -> str:
-    """Deterministic id: 128-bit BLAKE2 of the parts (never a random UUID)."""
-    text = "\x1f".join(str(p) for p in parts)
-    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+_SCALE_RANK = {"hunk": 0, "ast": 1}  # kept first when a row exceeds max_candidates_per_row
 
 
 @dataclass
@@ -121,8 +73,39 @@ class CreditResult:
         return np.asarray(self.advantages["token_advantages"][i], np.float64)
 
 
+@dataclass
+class CreditUnits:
+    """Steps 1-8 of one batch: what every estimator reads (`batch`), and the units behind it."""
+
+    steps: Sequence[StepInput]  # as given: the advantages table keeps this order
+    rows: list[StepInput]  # canonical order (task, trajectory, turn); `batch` is indexed by it
+    batch: EstimatorBatch
+    candidates: list[Candidate]
+    subdiffs: dict[str, list]
+    anchors: list[Anchor]
+    diff_covered: list[np.ndarray]  # per row [T]: tokens under an anchor occurrence
+    diagnostics: Diagnostics
+
+
+def reads_units(settings: CreditSettings) -> bool:
+    """Whether the estimator reads sub-diffs and anchors: a diff-level estimator with lambda != 0."""
+    return get_estimator(settings.estimator).needs_anchors and settings.lam != 0
+
+
 def compute_credit(steps: Sequence[StepInput], settings: CreditSettings | None = None) -> CreditResult:
-    """Credit assignment of one batch of steps (any number of tasks and trajectories)."""
+    """Credit assignment of one batch of steps (any number of tasks and trajectories), steps 1-9.
+
+    Sub-diffs and anchors (steps 3-8) are computed only when the estimator reads them (`reads_units`), so a
+    grpo batch costs what GRPO costs; `credit_units(steps, settings)` then `assign_advantages` always
+    computes them (the credit stage writes them whatever the estimator, for analysis)."""
+    settings = settings or CreditSettings()
+    return assign_advantages(credit_units(steps, settings, units=reads_units(settings)), settings)
+
+
+def credit_units(steps: Sequence[StepInput], settings: CreditSettings | None = None, *, units: bool = True
+                 ) -> CreditUnits:
+    """Steps 1-8 of one batch. With units=False only steps 1-2 run: no sub-diffs, anchors or A^D (every
+    token's projected A^D is 0 and nothing is covered)."""
     settings = settings or CreditSettings()
     diag = Diagnostics()
     timer = PhaseTimer(diag.seconds)
@@ -153,62 +136,88 @@ def compute_credit(steps: Sequence[StepInput], settings: CreditSettings | None =
         rtg = returns_to_go(rewards, traj_index, turn, settings.gamma).astype(np.float32).astype(np.float64)
         episode_return = episode_returns(rtg, traj_index, turn) if n else rtg
 
-    with timer.phase("diffs"):
-        candidates, changed_spans, n_units = _candidates(rows, settings, stats, diag)
-        diag.n_candidates = len(candidates)
+    candidates: list[Candidate] = []
+    anchors: list[Anchor] = []
+    if units:
+        with timer.phase("diffs"):
+            candidates, changed_spans, n_units = _candidates(rows, settings, stats, diag)
+            diag.n_candidates = len(candidates)
 
-    with timer.phase("similarity"):
-        clusters, cluster_task = _clusters(candidates, rows, settings, diag)
+        with timer.phase("similarity"):
+            clusters, cluster_task = _clusters(candidates, rows, settings, diag)
 
-    with timer.phase("anchors"):
-        anchors = _select_anchors(clusters, cluster_task, candidates, rows, n_units, settings, task_ids)
-        diag.n_anchors = len(anchors)
-        diag.mean_group_size = float(np.mean([a.n_rows for a in anchors])) if anchors else 0.0
-        for a in anchors:
-            # A^D = R_t(row) - mean over the anchor's distinct rows; every occurrence in a row shares it.
-            member_rows = np.array([candidates[m].row for m in a.members], np.int64)
-            distinct, which = np.unique(member_rows, return_inverse=True)
-            per_row = group_center(
-                rtg[distinct], np.zeros(len(distinct), np.int64), settings.adv_norm, settings.std_eps
+        with timer.phase("anchors"):
+            anchors = _select_anchors(clusters, cluster_task, candidates, rows, n_units, settings, task_ids)
+            diag.n_anchors = len(anchors)
+            diag.mean_group_size = float(np.mean([a.n_rows for a in anchors])) if anchors else 0.0
+            for a in anchors:
+                # A^D = R_t(row) - mean over the anchor's distinct rows; every occurrence in a row shares it.
+                member_rows = np.array([candidates[m].row for m in a.members], np.int64)
+                distinct, which = np.unique(member_rows, return_inverse=True)
+                per_row = group_center(
+                    rtg[distinct], np.zeros(len(distinct), np.int64), settings.adv_norm, settings.std_eps
+                )
+                a.diff_advantage = per_row[which]
+
+        with timer.phase("projection"):
+            subdiffs = _subdiff_table(rows, candidates)
+            diff_tokens, diff_covered, token_anchor, changed_tokens = _project(
+                rows, candidates, anchors, changed_spans, subdiffs, diag
             )
-            a.diff_advantage = per_row[which]
+    else:
+        subdiffs = _subdiff_table(rows, [])
+        diff_tokens = [np.zeros(s.n_tokens) for s in rows]
+        diff_covered = [np.zeros(s.n_tokens, bool) for s in rows]
+        token_anchor = [np.full(s.n_tokens, -1, np.int64) for s in rows]
+        changed_tokens = []  # unknown without the diffs (no estimator that skips units reads them)
 
-    with timer.phase("projection"):
-        subdiffs = _subdiff_table(rows, candidates)
-        diff_tokens, diff_covered, token_anchor, changed_tokens = _project(
-            rows, candidates, anchors, changed_spans, subdiffs, diag
-        )
-
-    with timer.phase("estimator"):
-        spec = get_estimator(settings.estimator)
-        batch = EstimatorBatch(
-            task_index=task_index,
-            traj_index=traj_index,
-            state_index=state_index,
-            episode_return=episode_return,
-            return_to_go=rtg,
-            n_tokens=np.array([s.n_tokens for s in rows], np.int64),
-            diff_advantage=diff_tokens,
-            turn=turn,
-            visible_pass_fraction=np.array(
-                [np.nan if s.visible_pass_fraction is None else s.visible_pass_fraction for s in rows],
-                np.float64,
-            ),
-            anchor_rows=_anchor_rows(anchors, candidates),
-            anchor_task=np.array([task_of[a.task_id] for a in anchors], np.int64),
-            token_anchor=token_anchor,
-            changed_tokens=changed_tokens,
-        )
-        output = spec.fn(batch, settings)
-        if not (spec.needs_anchors and settings.lam):
-            diff_covered = [np.zeros(s.n_tokens, bool) for s in rows]  # no diff-level term reached a token
-
-    with timer.phase("tables"):
-        result = _tables(steps, rows, candidates, subdiffs, anchors, output, diff_covered, settings)
-    result.diagnostics = diag
+    batch = EstimatorBatch(
+        task_index=task_index,
+        traj_index=traj_index,
+        state_index=state_index,
+        episode_return=episode_return,
+        return_to_go=rtg,
+        n_tokens=np.array([s.n_tokens for s in rows], np.int64),
+        diff_advantage=diff_tokens,
+        turn=turn,
+        visible_pass_fraction=np.array(
+            [np.nan if s.visible_pass_fraction is None else s.visible_pass_fraction for s in rows], np.float64
+        ),
+        anchor_rows=_anchor_rows(anchors, candidates),
+        anchor_task=np.array([task_of[a.task_id] for a in anchors], np.int64),
+        token_anchor=token_anchor,
+        changed_tokens=changed_tokens,
+    )
     diag.caps = dict(stats)
+    return CreditUnits(steps, rows, batch, candidates, subdiffs, anchors, diff_covered, diag)
+
+
+def assign_advantages(units: CreditUnits, settings: CreditSettings | None = None) -> CreditResult:
+    """Step 9: the estimator turns the units into token advantages; the loss mask applies. One BLAS thread:
+    the estimators' solves are many and small, where more threads only cost (didpo_did's took 37-303 ms
+    per batch with the default threads here, 15-17 ms with one)."""
+    settings = settings or CreditSettings()
+    diag = units.diagnostics
+    timer = PhaseTimer(diag.seconds)
+    spec = get_estimator(settings.estimator)
+    with timer.phase("estimator"), _blas().limit(limits=1, user_api="blas"):
+        output = spec.fn(units.batch, settings)
+    diff_covered = units.diff_covered
+    if not (spec.needs_anchors and settings.lam):
+        diff_covered = [np.zeros(s.n_tokens, bool) for s in units.rows]  # no diff-level term reached a token
+    with timer.phase("tables"):
+        result = _tables(units.steps, units.rows, units.candidates, units.subdiffs, units.anchors, output,
+                         diff_covered, settings)
+    result.diagnostics = diag
+    diag.seconds.pop("total", None)
     diag.seconds["total"] = sum(diag.seconds.values())
     return result
+
+
+@cache
+def _blas() -> ThreadpoolController:
+    """The process's thread pools, found once (finding them scans the loaded libraries)."""
+    return ThreadpoolController()
 
 
 def _anchor_rows(anchors: list[Anchor], candidates: list[Candidate]) -> np.ndarray:
@@ -546,8 +555,8 @@ def _tables(
     settings: CreditSettings,
 ) -> CreditResult:
     subdiff_ids = subdiffs["subdiff_id"]
-    anchor_cols: dict[str, list] = {name: [] for name in ANCHOR_COLUMNS}
-    member_cols: dict[str, list] = {name: [] for name in MEMBER_COLUMNS}
+    anchor_cols: dict[str, list] = {name: [] for name in columns("anchors")}
+    member_cols: dict[str, list] = {name: [] for name in columns("anchor_members")}
     for a in sorted(anchors, key=lambda a: a.anchor_id):
         for name, value in (
             ("anchor_id", a.anchor_id),
@@ -568,7 +577,7 @@ def _tables(
             member_cols["task_id"].append(a.task_id)
             member_cols["diff_advantage"].append(float(value))
     position = {step.row_id: r for r, step in enumerate(rows)}
-    advantages: dict[str, list] = {name: [] for name in ADVANTAGE_COLUMNS}
+    advantages: dict[str, list] = {name: [] for name in columns("advantages")}
     for step in steps:
         r = position[step.row_id]
         mask = np.ones(step.n_tokens) if step.loss_mask is None else step.loss_mask

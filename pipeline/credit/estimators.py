@@ -2,7 +2,10 @@
 
 Every estimator maps an `EstimatorBatch` (N rows of G trajectories of several tasks) to an
 `EstimatorOutput`: one episode-level advantage per row and per-token advantages per row (before the loss
-mask). Register a new one with `@register_estimator("name")`; a name can be registered once.
+mask). Register a new one with `@register_estimator("name")`; a name can be registered once. Each declares
+whether it reads the diff-level units (`needs_anchors`: only then are sub-diffs and anchors computed for it)
+and its scope: "task" when a row's advantages depend only on rows of its own task group (so the batch can be
+split by task, as the Beam credit stage does), "batch" when they depend on the whole batch.
 
 Notation: R_i episode return of trajectory i; G_task its task group; R_t return-to-go of a row;
 norm(.) the group-relative advantage of `advantages.group_center` (mean_norm or mean_std_norm).
@@ -12,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
@@ -57,17 +60,22 @@ class EstimatorOutput:
 Estimator = Callable[[EstimatorBatch, "CreditSettings"], EstimatorOutput]
 
 
+Scope = Literal["task", "batch"]
+
+
 @dataclass(frozen=True)
 class EstimatorSpec:
     name: str
     fn: Estimator
-    needs_anchors: bool  # uses diff_advantage (the batch computes anchors anyway; this documents the use)
+    needs_anchors: bool  # reads the diff-level units (diff_advantage, anchors); none are computed otherwise
+    scope: Scope  # "task": a row's advantages depend on its task group only; "batch": on the whole batch
 
 
 ESTIMATORS: dict[str, EstimatorSpec] = {}
 
 
-def register_estimator(name: str, needs_anchors: bool = False) -> Callable[[Estimator], Estimator]:
+def register_estimator(name: str, needs_anchors: bool = False, scope: Scope = "task"
+                       ) -> Callable[[Estimator], Estimator]:
     """Decorator adding an estimator to ESTIMATORS; a duplicate name is refused."""
 
     def add(fn: Estimator) -> Estimator:
@@ -75,7 +83,7 @@ def register_estimator(name: str, needs_anchors: bool = False) -> Callable[[Esti
             raise ValueError(
                 f"estimator {name!r} is already registered (by {ESTIMATORS[name].fn.__qualname__})"
             )
-        ESTIMATORS[name] = EstimatorSpec(name, fn, needs_anchors)
+        ESTIMATORS[name] = EstimatorSpec(name, fn, needs_anchors, scope)
         return fn
 
     return add
@@ -120,7 +128,7 @@ def rloo(batch: EstimatorBatch, settings: CreditSettings) -> EstimatorOutput:
     return _broadcast(batch, (centered * scale)[batch.traj_index])
 
 
-@register_estimator("reinforce_pp_baseline")
+@register_estimator("reinforce_pp_baseline", scope="batch")
 def reinforce_pp_baseline(batch: EstimatorBatch, settings: CreditSettings) -> EstimatorOutput:
     """REINFORCE++ with baseline: a_i = R_i - mean_{G_task} R, then whitened over all trajectories of the
     batch: A_i = (a_i - mean_batch a) / (std_batch a + eps)."""

@@ -15,7 +15,7 @@ import json
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
-from pipeline.credit import CreditInputError, compute_credit
+from pipeline.credit import CreditInputError, assign_advantages, credit_units
 from pipeline.credit.settings import CreditSettings
 from pipeline.credit_io import result_tables, step_input
 from pipeline.schema import DeadLetterRow, StepRow
@@ -46,7 +46,8 @@ class GroupAnchorsFn(beam.DoFn):
     def process(self, item):
         task_id, steps = item
         try:
-            result = compute_credit(list(steps), self.settings)
+            # every estimator's units, not only those it reads: the tables are for analysis too
+            result = assign_advantages(credit_units(list(steps), self.settings), self.settings)
         except CreditInputError as e:
             Metrics.counter(_NS, "bad_task_groups").inc()
             yield beam.pvalue.TaggedOutput(DEAD, DeadLetterRow(task_id, "group_anchors", str(e),

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.credit import CreditSettings, compute_credit
+from pipeline.credit import CreditSettings, assign_advantages, compute_credit, credit_units
 
 SNIPPETS = [
     (
@@ -166,6 +166,7 @@ def test_lambda_zero_is_the_episode_estimator(plan, norm, make_step):
 @pytest.mark.parametrize("estimator", ["grpo", "rloo", "gigpo", "reinforce_pp_baseline"])
 def test_non_diff_estimators_report_no_diff_tokens(estimator, make_step):
     plan = [("task/0", f"t{g}", 0, float(g % 2), [(0, 0), (1, 0)]) for g in range(4)]
-    result = compute_credit(build(plan, make_step), CreditSettings(estimator=estimator))
+    settings = CreditSettings(estimator=estimator)
+    result = assign_advantages(credit_units(build(plan, make_step), settings), settings)  # anchors computed
     assert result.diagnostics.n_anchors >= 1
     assert result.advantages["n_diff_tokens"] == [0, 0, 0, 0]
