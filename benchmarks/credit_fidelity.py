@@ -1,26 +1,57 @@
-"""Credit fidelity: does an estimator put credit on the edits that caused the outcome?
+"""Credit fidelity: does an estimator put credit on the edits that caused the outcome, inside one action?
 
-1. Tasks: HumanEval references with several single-line statements. Per task, execution in the sandbox picks
-   k=2 bug lines (a mutation that fails hidden tests), a menu of harmful mutations of 3 other lines (verified
-   harmful alone), preferring partial damage, and neutral rewrites (an expression wrapped in parentheses,
-   verified harmless).
-2. Rollouts: G per task from the buggy start, T turns each, every action a search/replace action bundling 2-4
-   edit blocks: a fix (restores a reference line), a harmful mutation, or a neutral rewrite, sampled so
-   outcomes vary within a task group. The real Episode runs them: visible tests graded in the sandbox,
-   step reward = reward_coef * visible pass fraction, + outcome (hidden tests) on the last turn.
-3. Counterfactual effect of an edit = hidden pass fraction of the final workspace minus that of the final
-   workspace replayed without this edit, the rest of the trajectory held fixed. Executions are cached by
-   workspace hash (many repeat). Helpful: effect > 0; harmful: effect < 0.
-4. Every estimator and setting scores each edit by the mean token advantage over the code of the line it
-   wrote. Metrics: Spearman(score, effect) over all edits; AUC separating helpful from harmful edits; sign
-   accuracy (sign(score) = sign(effect); zero counts one half) over edits with an effect in task groups with
-   mixed outcomes; pair accuracy within an action and within a trajectory (P(score of a helpful edit >
-   score of a harmful edit in the same action / trajectory), ties one half); coverage (changed tokens under
-   an anchor). 95% intervals: percentile bootstrap over task groups (tasks resampled with replacement).
+The question that decides diff-level credit: one action bundles a fix and a harmful change; do they get
+different credit? The benchmark builds rollouts whose every edit has a measured effect and asks each
+estimator (through `pipeline.credit.compute_credit` only) to rank them.
 
-Last lines: `credit_fidelity: didpo_spearman=.. grpo_spearman=.. gigpo_spearman=.. didpo_coverage=..` and
-`credit_fidelity_did: did_pair_action=.. didpo_pair_action=.. did_spearman=.. didpo_spearman=..`.
-Run: `.venv/bin/python benchmarks/credit_fidelity.py [--tasks 20 --rollouts 10 --turns 3 --boot 500]`.
+1. Tasks: the bundled sets with references (HumanEval, HumanEval+, MBPP+, MBPP: the repair curriculum's
+   programs), each shuffled by seed, interleaved round-robin, tried in that order until `--tasks` qualify.
+   Mutations come from the one mutation path, `pipeline.tasks.repair.bug_candidates` (misspell, operator,
+   off_by_one, drop_return, swap_args; not delete_line, which writes no tokens to credit). A task
+   qualifies when its hidden tests have at most MAX_HIDDEN_CASES cases (every step and replay runs them),
+   its reference passes them, and probing finds N_BUGS + 2 `separable` harmful mutations: run alone on the reference, each
+   fails some hidden case that the less damaging ones kept so far do not, and together they leave a case
+   passing. Without that, counterfactual effects vanish whenever another fault remains (most mutations
+   are total damage; HumanEval/MBPP programs have a handful of mutable lines; MBPP's 3 asserts rarely
+   allow it), and an action's fix and harm would rarely both have an effect. Probing runs up to
+   MAX_PROBES mutations (one per line, then a second family per line) and stops early once the menu is
+   full or out of reach. The first N_BUGS make the buggy start; the next are the harm menu. Neutral
+   rewrites wrap a statement's expression in parentheses (the same AST, so harmless without a run).
+2. Plans: G rollouts per task, T turns; every action bundles 2-4 edits drawn from fixes (restore the bug
+   line, or undo an earlier harm), harms (from the first HARM_MENU of the menu) and neutral rewrites. A
+   plan depends on (seed, task, rollout) only, so the variants that share it differ in nothing else.
+3. Variants (a separate credit batch each):
+     mixed         every action's shape drawn from the three below (the headline variant)
+     blocks, hunk, write   the same plans in one shape: a search/replace block per edit / one block
+                   covering every edit of a file / a whole-file rewrite
+     respell       hardened: each edit written, with probability 0.8, as one of its near-duplicate
+                   spellings (spacing, parentheses, quotes, a flipped comparison), drawn per edit, as
+                   independent samples of one fix differ
+     outcome_only  hardened: no per-step reward and no visible pass fraction; only the hidden outcome (0/1)
+                   at the last turn
+     varied_harms  hardened: harms drawn from every partial-damage mutation probing found (a second
+                   family on a line, too), not from a short menu, so a harm repeats less across rollouts
+     multi_file    hardened: tasks whose reference has helper definitions besides the entry point, split
+                   into helpers.py and solution.py (`from helpers import *`), harms in both files; every
+                   task that can be split is tried (few qualify: see the printed count)
+   The real Episode runs every step (visible tests in the sandbox, step reward, hidden outcome at the end).
+4. Measured effect of an edit = hidden pass fraction of the final workspace minus that of the final
+   workspace replayed without this edit, the rest of the trajectory held fixed (counterfactual by replay).
+   Helpful: effect > 0; harmful: effect < 0. Executions are cached by workspace hash (Python files by
+   their AST); the variants that share plans (mixed, the shapes, outcome_only) cost no new runs.
+5. Score of an edit = mean token advantage over the code of the line it wrote. Per estimator and variant:
+   pair accuracy within an action and within a trajectory (P(score of a helpful edit > score of a harmful
+   one) over helpful x harmful pairs in one action / trajectory; ties one half), Spearman(score, effect)
+   over all edits, AUC helpful vs harmful, coverage (the credit diagnostics' changed tokens under an
+   anchor; anchor estimators only) and ms per compute_credit call on the variant's batch (caches cleared
+   before each). 95% intervals: percentile bootstrap over problems (HumanEval and HumanEval+ pose the same
+   problems, so their task groups are resampled together).
+
+Last line: `credit_fidelity: did_pair_action=.. did_pair_action_hard=.. did_spearman=.. did_coverage=..
+didpo_pair_action=.. gigpo_pair_action=.. pairs=..` (the `mixed` variant; did = didpo_did; _hard = its
+worst hardened variant, among those with pairs; pairs = helpful x harmful pairs inside one action of
+`mixed`). Run: `.venv/bin/python benchmarks/credit_fidelity.py [--tasks 16 --rollouts 80 --turns 3
+--sources humaneval,... --variants mixed,... --boot 500 --ids humaneval/HumanEval/132,...]`.
 """
 
 from __future__ import annotations
@@ -30,25 +61,41 @@ import ast
 import dataclasses
 import hashlib
 import importlib.util
+import io
 import random
 import sys
 import threading
 import time
+import tokenize
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from itertools import zip_longest
 from pathlib import Path
 
 import numpy as np
 from scipy.stats import rankdata
 
-N_BUGS = 2
-LAMBDAS = (0.0, 0.6, 1.0, 1.2, 2.0)
-FILE = "solution.py"
+SOURCES = ("humaneval", "humanevalplus", "mbppplus", "mbpp")
+N_BUGS = 1  # with 2, few programs (a handful of mutable lines, most mutations total damage) qualify
+HARM_MENU = 3  # harms a standard plan draws from: each repeats across rollouts, as a policy's habits do
+MAX_PROBES = 16  # mutated lines executed per task while designing it
+MAX_HIDDEN_CASES = 200  # more (most HumanEval+ tasks: ~1000 inputs) costs seconds per run; every step and
+# replay runs the hidden tests. A case count, not a measured time: the selection must not depend on load.
+FILE, HELPERS = "solution.py", "helpers.py"
+SHAPES = ("blocks", "hunk", "write")
+HARDENED = ("respell", "outcome_only", "varied_harms", "multi_file")
+VARIANTS = ("mixed", *SHAPES, *HARDENED)
+ESTIMATORS = ("grpo", "rloo", "gigpo", "didpo", "didpo_did")
+ANCHORED = ("didpo", "didpo_did")  # estimators with a coverage figure
+
+Loc = tuple[str, int]  # (file path, 0-based line)
+Files = dict[str, list[str]]  # path -> lines (keepends)
+PlannedEdit = tuple[str, Loc, str]  # (kind: fix / harm / neutral, where, the line it writes)
 
 
 def _credit_speed():
-    """The credit-speed benchmark's helpers (mutation operators, regex tokenizer with exact offsets)."""
+    """The credit-speed benchmark's helpers (the line-mutation wrapper, regex tokenizer with exact offsets)."""
     path = Path(__file__).with_name("credit_speed.py")
     spec = importlib.util.spec_from_file_location("credit_speed_helpers", path)
     module = importlib.util.module_from_spec(spec)
@@ -57,13 +104,15 @@ def _credit_speed():
 
 
 _SPEED = _credit_speed()
-mutations: Callable[[str], list[str]] = _SPEED._mutations
+line_mutations: Callable[[str], dict[int, list[str]]] = _SPEED.line_mutations
 token_offsets: Callable[[str], tuple[np.ndarray, np.ndarray]] = _SPEED._offsets
 
 
 # ------------------------------------------------------------------------------------------ execution
 class CachedJudge:
-    """`Judge.run` with results cached by (task, hidden, workspace hash); thread-safe."""
+    """`Judge.run` with results cached by (task, hidden, workspace hash); thread-safe. Python files are
+    hashed by their AST, so spellings of one program (spacing, parentheses, quotes: the respell variant,
+    the neutral rewrites) share one run; the tests see values, never the layout of the source."""
 
     def __init__(self, judge) -> None:
         self.judge = judge
@@ -82,15 +131,153 @@ class CachedJudge:
             self.cache[key] = result
         return result
 
-    def hidden_fraction(self, task, lines: Sequence[str]) -> float:
-        return self.run(task, {FILE: "".join(lines)}, hidden=True).pass_fraction
+    def hidden(self, task, files: Files):
+        return self.run(task, joined(files), hidden=True)
 
 
 def _files_hash(files: Mapping[str, str]) -> str:
     digest = hashlib.blake2b(digest_size=16)
     for path in sorted(files):
-        digest.update(f"{path}\x00{files[path]}\x00".encode())
+        digest.update(f"{path}\x00{_layout_free(path, files[path])}\x00".encode())
     return digest.hexdigest()
+
+
+def _layout_free(path: str, text: str) -> str:
+    """A Python file's AST dump (its text when it does not parse); other files as they are."""
+    if path.endswith(".py"):
+        try:
+            return ast.dump(ast.parse(text))
+        except SyntaxError:
+            pass
+    return text
+
+
+def joined(files: Files) -> dict[str, str]:
+    return {path: "".join(lines) for path, lines in files.items()}
+
+
+def split_lines(files: Mapping[str, str]) -> Files:
+    return {path: text.splitlines(keepends=True) for path, text in files.items()}
+
+
+# ------------------------------------------------------------------------------------- line rewrites
+def _same_ast(text: str, other: str) -> bool:
+    try:
+        return ast.dump(ast.parse(text)) == ast.dump(ast.parse(other))
+    except SyntaxError:
+        return False
+
+
+def _with_line(lines: list[str], i: int, text: str) -> str:
+    return "".join(lines[:i] + [text] + lines[i + 1 :])
+
+
+def parenthesized(lines: list[str], i: int) -> str | None:
+    """Line i with its statement's expression wrapped in parentheses (same AST), or None."""
+    line = lines[i]
+    if not line.isascii():
+        return None  # ast column offsets are utf-8 bytes
+    try:
+        tree = ast.parse(line.strip())
+    except SyntaxError:
+        return None
+    if len(tree.body) != 1:
+        return None
+    value = getattr(tree.body[0], "value", None)
+    if (
+        not isinstance(value, ast.expr)
+        or isinstance(tree.body[0], ast.Expr)
+        and isinstance(value, ast.Constant)
+    ):
+        return None  # no expression, or a docstring
+    indent = len(line) - len(line.lstrip())
+    s, e = indent + value.col_offset, indent + value.end_col_offset
+    if e - s < 2:
+        return None
+    text = line[:s] + "(" + line[s:e] + ")" + line[e:]
+    return text if _same_ast("".join(lines), _with_line(lines, i, text)) else None
+
+
+_WORDLIKE = (tokenize.NAME, tokenize.NUMBER, tokenize.STRING)
+_SPACED_OPS = {"=", "==", "!=", "<", "<=", ">", ">=", "+", "-", "*", "/", "//", "%", "+=", "-=", "*=", "**"}
+_FLIP = {"<": ">", "<=": ">=", ">": "<", ">=": "<=", "==": "==", "!=": "!="}
+
+
+def _respaced(code: str, loose: bool) -> str | None:
+    """`code` (one line, no indentation) re-joined from its tokens: tight (no optional spaces) or loose
+    (spaces around operators and after commas)."""
+    try:
+        tokens = [
+            t
+            for t in tokenize.generate_tokens(io.StringIO(code).readline)
+            if t.type
+            not in (tokenize.NEWLINE, tokenize.NL, tokenize.ENDMARKER, tokenize.INDENT, tokenize.DEDENT)
+        ]
+    except (tokenize.TokenError, SyntaxError, IndentationError):
+        return None
+    if any(t.type == tokenize.COMMENT or t.start[0] != 1 for t in tokens) or not tokens:
+        return None
+    out = tokens[0].string
+    for prev, tok in zip(tokens, tokens[1:], strict=False):
+        if prev.type in _WORDLIKE and tok.type in _WORDLIKE:
+            sep = " "  # `return x`, `1 if`: a space is required
+        elif loose and (tok.string in _SPACED_OPS or prev.string in _SPACED_OPS or prev.string == ","):
+            sep = " "
+        else:
+            sep = ""
+        out += sep + tok.string
+    return out
+
+
+def _flipped_comparison(code: str) -> str | None:
+    """`a < b` -> `b > a` where the line holds one comparison of two call-free operands (same value)."""
+    try:  # a block header (`if a < b:`) parses with a body; the offsets stay those of `code`
+        tree = ast.parse(code + " pass" if code.endswith(":") else code)
+    except SyntaxError:
+        return None
+    compares = [n for n in ast.walk(tree) if isinstance(n, ast.Compare)]
+    if len(compares) != 1 or len(compares[0].ops) != 1 or not code.isascii():
+        return None
+    node = compares[0]
+    left, right = node.left, node.comparators[0]
+    symbol = code[left.end_col_offset : right.col_offset].strip()
+    if symbol not in _FLIP or any(isinstance(n, ast.Call) for side in (left, right) for n in ast.walk(side)):
+        return None
+    a = code[left.col_offset : left.end_col_offset]
+    b = code[right.col_offset : right.end_col_offset]
+    return code[: left.col_offset] + f"{b} {_FLIP[symbol]} {a}" + code[right.end_col_offset :]
+
+
+def respellings(lines: list[str], i: int, text: str) -> list[str]:
+    """Near-duplicate spellings of writing `text` at line i of `lines`: the variation independent samples of
+    one change show. Spacing, parentheses and quotes keep the file's AST; a flipped comparison keeps the
+    value. The effect of whichever is written is measured anyway, so a spelling that changed behaviour
+    would be scored by what it does."""
+    indent = text[: len(text) - len(text.lstrip())]
+    code = text.strip()
+    end = text[len(text.rstrip("\n")) :] or "\n"
+    candidates = [_respaced(code, loose=False), _respaced(code, loose=True)]
+    wrapped = parenthesized(lines[:i] + [text] + lines[i + 1 :], i)
+    candidates.append(wrapped.strip() if wrapped else None)
+    if "'" in code and '"' not in code and "\\" not in code:
+        candidates.append(code.replace("'", '"'))
+    flipped = _flipped_comparison(code)
+    out = []
+    base = _with_line(lines, i, text)
+    for c in dict.fromkeys(candidates):
+        if c is None or c == code:
+            continue
+        new = indent + c + end
+        if c == flipped or _same_ast(base, _with_line(lines, i, new)):
+            out.append(new)
+    if flipped and flipped not in candidates:
+        new = indent + flipped + end
+        try:
+            ast.parse(_with_line(lines, i, new))
+            out.append(new)
+        except SyntaxError:
+            pass
+    return out
 
 
 # ---------------------------------------------------------------------------------------- task designs
@@ -99,90 +286,283 @@ class TaskDesign:
     """A task with a buggy start and menus of edits whose effect alone was verified by execution."""
 
     task: object  # pipeline.tasks.Task, its workspace replaced by the buggy start
-    reference: list[str]  # reference lines (keepends)
-    start: list[str]  # buggy start lines
-    bugs: list[int]  # line indices mutated in the start
-    harms: list[tuple[int, str]]  # (line, harmful text) menu
-    neutrals: list[tuple[int, str]]  # (line, equivalent text) menu
+    problem: str  # the cross-source problem: the bootstrap's cluster
+    reference: Files
+    start: Files
+    bugs: list[Loc]
+    harms: list[tuple[Loc, str]]  # verified harmful alone, preferred (least damage) first
+    neutrals: list[tuple[Loc, str]]
 
 
-def statement_lines(source: str) -> dict[int, tuple[int, int] | None]:
-    """0-based line -> (start, end) column span of the statement's expression (None: no single expression)
-    for every single-line statement of the code except docstrings and definitions."""
-    out: dict[int, tuple[int, int] | None] = {}
-    for node in ast.walk(ast.parse(source)):
-        if not isinstance(node, ast.stmt) or node.lineno != node.end_lineno:
-            continue
-        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
-            continue  # docstring
-        if isinstance(node, ast.FunctionDef | ast.ClassDef | ast.Import | ast.ImportFrom):
-            continue
-        value = getattr(node, "value", None)
-        span = None
-        if isinstance(value, ast.expr) and value.lineno == value.end_lineno:
-            span = (value.col_offset, value.end_col_offset)
-        out[node.lineno - 1] = span
+def split_into_files(text: str, entry_point: str) -> dict[str, str] | None:
+    """The reference as two files: helpers.py holds the imports and every top-level definition but the
+    entry point; solution.py keeps the rest and imports the helpers. None when there is nothing to move."""
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return None
+    lines = text.splitlines(keepends=True)
+    moved: set[int] = set()
+    imports: list[str] = []
+    for node in tree.body:
+        span = range(node.lineno - 1 - len(getattr(node, "decorator_list", ())), node.end_lineno)
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            imports += lines[node.lineno - 1 : node.end_lineno]
+        elif isinstance(node, ast.FunctionDef | ast.ClassDef) and node.name != entry_point:
+            moved.update(span)
+    if not moved:
+        return None
+    helpers = "".join(imports) + "\n\n" + "".join(lines[i] for i in sorted(moved))
+    solution = "from helpers import *\n" + "".join(line for i, line in enumerate(lines) if i not in moved)
+    return {HELPERS: helpers, FILE: solution}
+
+
+@dataclass(frozen=True)
+class Harm:
+    """A mutation run alone on the reference: what it does to the hidden tests."""
+
+    pass_fraction: float
+    tiebreak: float
+    loc: Loc
+    text: str
+    failing: frozenset[str]  # names of the hidden test cases it fails
+    total: int  # hidden test cases
+
+
+def separable(harmful: Sequence[Harm]) -> list[Harm]:
+    """Mutations whose damage stays visible beside each other's, least damaging first: each fails some
+    case none of the earlier picks fails, and together they leave some case passing. With all-or-nothing
+    or overlapping damage an edit's effect vanishes whenever another fault remains (counterfactual effects
+    are not additive), and few edits would have a measurable effect."""
+    picked: list[Harm] = []
+    union: frozenset[str] = frozenset()
+    for h in sorted(harmful, key=lambda h: (-h.pass_fraction, h.tiebreak)):
+        fresh_line = all(p.loc != h.loc for p in picked)
+        if fresh_line and h.pass_fraction > 0 and h.failing - union and len(union | h.failing) < h.total:
+            picked.append(h)
+            union |= h.failing
+    return picked
+
+
+def design_task(task, judge: CachedJudge, rng: random.Random, split: bool = False) -> TaskDesign | None:
+    """Pick bugs, harms and neutral rewrites for one task by executing mutations alone on the reference.
+    split: the multi_file design (two files; bugs and harms in both)."""
+    from pipeline.tasks import count_cases
+
+    path = f"{task.hidden_tests.module}.py"
+    source = task.reference.get(path)
+    if source is None or not task.hidden_tests.module:
+        return None
+    texts = {path: source}
+    if split:
+        if path != FILE:
+            return None
+        texts = split_into_files(source, str(task.meta.get("entry_point", "")))
+        if texts is None:
+            return None
+    firsts: list[tuple[Loc, str]] = []  # one mutation per line first, then a second family where there is one
+    seconds: list[tuple[Loc, str]] = []
+    for name in sorted(texts):
+        for i, options in line_mutations(texts[name]).items():
+            options = rng.sample(options, min(2, len(options)))
+            firsts.append(((name, i), options[0]))
+            seconds += [((name, i), o) for o in options[1:]]
+    if len(firsts) < N_BUGS + 2 or count_cases(task.hidden_tests) > MAX_HIDDEN_CASES:
+        return None  # too few mutable lines or too costly tests: no run needed to know
+    rng.shuffle(firsts)
+    rng.shuffle(seconds)
+    if split:  # both files get probed early
+        by_file = [[p for p in firsts if p[0][0] == name] for name in (HELPERS, FILE)]
+        firsts = [p for pair in zip_longest(*by_file) for p in pair if p is not None]
+    probes = firsts + seconds
+    ref = split_lines({**task.reference, **texts})
+    base = judge.hidden(task, ref)
+    if base.pass_fraction < 1.0:
+        return None
+    harmful: list[Harm] = []
+    for k, ((name, i), text) in enumerate(probes[:MAX_PROBES]):
+        files = {**ref, name: ref[name][:i] + [text] + ref[name][i + 1 :]}
+        result = judge.hidden(task, files)
+        if result.status != "timeout" and result.pass_fraction < 1.0:
+            failing = frozenset(c.name for c in result.cases if not c.passed)
+            harmful.append(Harm(result.pass_fraction, rng.random(), (name, i), text, failing, result.total))
+        # Stop early (probes cost most of the design time): enough separable harms for a full menu, or too
+        # few so far to reach the minimum.
+        found = len(separable(harmful))
+        if found >= N_BUGS + HARM_MENU or found + (min(MAX_PROBES, len(probes)) - k - 1) // 2 < N_BUGS + 2:
+            break
+    chosen = separable(harmful)
+    if len(chosen) < N_BUGS + 2 or split and {h.loc[0] for h in chosen} != {FILE, HELPERS}:
+        return None
+    # The varied menu goes on with every other partial-damage mutation (another family on a menu line, too).
+    # Total damage stays out: it would hide every other edit's effect, leaving nothing to measure.
+    rest = [
+        h
+        for h in harmful
+        if h not in chosen and h.pass_fraction > 0 and h.loc not in {c.loc for c in chosen[:N_BUGS]}
+    ]
+    chosen = chosen + sorted(rest, key=lambda h: (-h.pass_fraction, h.tiebreak))
+    bugs = sorted(h.loc for h in chosen[:N_BUGS])
+    harms = [(h.loc, h.text) for h in chosen[N_BUGS:]]
+    start = {name: list(lines) for name, lines in ref.items()}
+    for h in chosen[:N_BUGS]:
+        start[h.loc[0]][h.loc[1]] = h.text
+    taken = {h.loc for h in harmful}
+    neutrals = []
+    for name in sorted(texts):
+        for i in range(len(ref[name])):
+            text = parenthesized(ref[name], i) if (name, i) not in taken else None
+            if text is not None:
+                neutrals.append(((name, i), text))
+    rng.shuffle(neutrals)
+    if not neutrals:
+        return None
+    workspace = {**task.workspace, **joined(start)}
+    task = dataclasses.replace(task, workspace=workspace)
+    problem = str(task.meta.get("problem", task.task_id))
+    return TaskDesign(task, problem, ref, start, bugs, harms, neutrals[:3])
+
+
+# ----------------------------------------------------------------------------------------------- plans
+def plan_trajectory(
+    design: TaskDesign, n_turns: int, rng: random.Random, harm_menu: int
+) -> list[list[PlannedEdit]]:
+    """Per turn 2-4 edits: fixes restore the start's bugs (a harm done earlier only rarely, once no bug is
+    left), harms hit lines not harmed before in the trajectory, neutral rewrites fill the rest."""
+    lines = {name: list(v) for name, v in design.start.items()}
+    harmed: set[Loc] = set()
+    menu = design.harms[:harm_menu]
+    plan = []
+    for _ in range(n_turns):
+        chosen: list[PlannedEdit] = []
+        used: set[Loc] = set()
+        wanted = rng.choice((2, 3, 4))
+        undo = rng.random() < 0.4  # this action may undo an earlier harm (once the start's bugs are fixed)
+
+        def at(loc: Loc) -> str:
+            return lines[loc[0]][loc[1]]
+
+        for _ in range(50):  # some draws find nothing left to do
+            if len(chosen) >= wanted:
+                break
+            roll = rng.random()
+            broken = [b for b in design.bugs if at(b) != design.reference[b[0]][b[1]] and b not in used]
+            if not broken and undo:
+                broken = [loc for loc, t in menu if at(loc) == t and loc not in used]
+            harms = [(loc, t) for loc, t in menu if loc not in used and loc not in harmed]
+            neutrals = [(loc, t) for loc, t in design.neutrals if loc not in used and at(loc) != t]
+            if roll < 0.45 and broken:
+                loc = rng.choice(broken)
+                chosen.append(("fix", loc, design.reference[loc[0]][loc[1]]))
+            elif roll < 0.75 and harms:
+                loc, t = rng.choice(harms)
+                chosen.append(("harm", loc, t))
+            elif neutrals:
+                loc, t = rng.choice(neutrals)
+                chosen.append(("neutral", loc, t))
+            else:
+                continue
+            used.add(chosen[-1][1])
+        if not chosen:  # nothing left on the menus: undo an earlier harm, else an earlier neutral rewrite
+            undo_harm = [("fix", loc, design.reference[loc[0]][loc[1]]) for loc, t in menu if at(loc) == t]
+            undo_neutral = [
+                ("neutral", loc, design.reference[loc[0]][loc[1]])
+                for loc, t in design.neutrals
+                if at(loc) == t
+            ]
+            chosen = [rng.choice(undo_harm or undo_neutral)]
+        for kind, loc, text in chosen:
+            lines[loc[0]][loc[1]] = text
+            if kind == "harm":
+                harmed.add(loc)
+        plan.append(chosen)
+    return plan
+
+
+def respell_plan(
+    design: TaskDesign, plan: list[list[PlannedEdit]], rng: random.Random
+) -> list[list[PlannedEdit]]:
+    """Each edit written, with probability 0.8, as one of its near-duplicate spellings."""
+    out = []
+    for action in plan:
+        new_action = []
+        for kind, (name, i), text in action:
+            options = respellings(design.reference[name], i, text)
+            if options and rng.random() < 0.8:
+                text = rng.choice(options)
+            new_action.append((kind, (name, i), text))
+        out.append(new_action)
     return out
 
 
-def design_task(task, judge: CachedJudge, rng: random.Random) -> TaskDesign | None:
-    """Pick bugs, harms and neutral rewrites for one task by executing them alone on the reference."""
-    source = task.reference.get(FILE)
-    if source is None:
-        return None
-    ref = source.splitlines(keepends=True)
-    try:
-        stmts = statement_lines(source)
-    except SyntaxError:
-        return None
-    if judge.hidden_fraction(task, ref) < 1.0:
-        return None
-    harmful: dict[int, tuple[float, str]] = {}  # line -> (hidden pass fraction, its least damaging mutation)
-    neutral: list[tuple[int, str]] = []
-    for i, span in sorted(stmts.items()):
-        line = ref[i]
-        options = [m for m in mutations(line) if m != line]
-        scored = [(judge.hidden_fraction(task, ref[:i] + [m] + ref[i + 1 :]), m) for m in options]
-        bad = [(pf, m) for pf, m in scored if pf < 1.0]
-        if bad:
-            harmful[i] = max(bad)
-        if span is not None and span[1] - span[0] > 1 and line.isascii():
-            s, e = span
-            text = line[:s] + "(" + line[s:e] + ")" + line[e:]  # column offsets are utf-8; ASCII code here
-            if judge.hidden_fraction(task, ref[:i] + [text] + ref[i + 1 :]) == 1.0:
-                neutral.append((i, text))
-    if len(harmful) < N_BUGS + 2 or not neutral:
-        return None
-    # Prefer partial damage (mutations that fail some hidden tests, not all): with all-or-nothing faults an
-    # edit's effect vanishes whenever any other fault remains, and few edits would have a measurable effect.
-    lines = sorted(harmful, key=lambda i: (-harmful[i][0], rng.random()))
-    bugs = sorted(lines[:N_BUGS])
-    start = list(ref)
-    for i in bugs:
-        start[i] = harmful[i][1]
-    harms = [(i, harmful[i][1]) for i in lines[N_BUGS : N_BUGS + 3]]
-    taken = set(bugs) | {i for i, _ in harms}
-    neutral = [(i, t) for i, t in neutral if i not in taken]  # a rewrite of a bug line would also fix it
-    if not neutral:
-        return None
-    workspace = dict(task.workspace)
-    workspace[FILE] = "".join(start)
-    task = dataclasses.replace(task, workspace=workspace)
-    return TaskDesign(task, ref, start, bugs, harms, neutral[:3])
+# ----------------------------------------------------------------------------------------- rendering
+def _code_span(offset: int, line: str) -> tuple[int, int]:
+    """[s, e) of a line's code (no indentation, no newline) when the line starts at `offset`."""
+    code = line.rstrip("\n")
+    return offset + len(code) - len(code.lstrip()), offset + len(code)
+
+
+def _unique_from(current: list[str], lo: int, hi: int) -> int:
+    """The first line of a search text ending at line hi that occurs once in the file (widened upward)."""
+    text = "".join(current)
+    while lo > 0 and text.count("".join(current[lo : hi + 1])) != 1:
+        lo -= 1
+    return lo
+
+
+def render(
+    turn: int, files: Files, edits: Sequence[PlannedEdit], shape: str
+) -> tuple[str, list[tuple[int, int]]]:
+    """Response text of one action in `shape` (the grammar's markup), and per edit the span of its code."""
+    paths = list(dict.fromkeys(loc[0] for _, loc, _ in edits))
+    response = f"<think>\nTurn {turn}: {len(edits)} changes to {', '.join(paths)}.\n</think>\n"
+    current = {name: list(lines) for name, lines in files.items()}
+    spans: dict[int, tuple[int, int]] = {}
+    if shape == "blocks":
+        for k, (_, (name, i), new) in enumerate(edits):
+            lines = current[name]
+            lo = _unique_from(lines, i, i)
+            search = "".join(lines[lo : i + 1])
+            lines[i] = new
+            response += f'<edit path="{name}">\n<search>\n{search}</search>\n<replace>\n'
+            spans[k] = _code_span(len(response) + len("".join(lines[lo:i])), new)
+            response += "".join(lines[lo : i + 1]) + "</replace>\n</edit>\n"
+    elif shape in ("hunk", "write"):
+        for name in paths:
+            mine = [(k, i, new) for k, (_, (p, i), new) in enumerate(edits) if p == name]
+            lines = current[name]
+            lo_i, hi = min(i for _, i, _ in mine), max(i for _, i, _ in mine)
+            lo = 0 if shape == "write" else _unique_from(lines, lo_i, hi)
+            hi = len(lines) - 1 if shape == "write" else hi
+            search = "".join(lines[lo : hi + 1])
+            for _, i, new in mine:
+                lines[i] = new
+            if shape == "write":
+                response += f'<write path="{name}">\n'
+            else:
+                response += f'<edit path="{name}">\n<search>\n{search}</search>\n<replace>\n'
+            for k, i, new in mine:
+                spans[k] = _code_span(len(response) + len("".join(lines[lo:i])), new)
+            response += "".join(lines[lo : hi + 1])
+            response += "</write>\n" if shape == "write" else "</replace>\n</edit>\n"
+    else:
+        raise ValueError(f"unknown action shape {shape!r}; allowed: {', '.join(SHAPES)}")
+    return response, [spans[k] for k in range(len(edits))]
 
 
 # ------------------------------------------------------------------------------------------- rollouts
 @dataclass
 class EditRecord:
-    """One edit block of an action, with its measured counterfactual effect."""
+    """One edit of an action, with its measured counterfactual effect."""
 
     task_id: str
+    problem: str
     traj_id: str
     row_id: str
     kind: str  # fix / harm / neutral (what the generator meant; the effect is what counts)
-    line: int  # 0-based line it rewrites
+    loc: Loc
     text: str  # the line it writes
-    span: tuple[int, int]  # [s, e) of the line's code (no indentation, no newline) in the response
+    span: tuple[int, int]  # [s, e) of the line's code in the response
     effect: float = 0.0  # hidden pass fraction with the edit minus without it
 
 
@@ -190,86 +570,30 @@ class EditRecord:
 class Rollout:
     steps: list  # StepInput rows
     edits: list[EditRecord]
-    assignments: list[tuple[int, int, str]] = field(default_factory=list)  # (edit index, line, text)
-    final: list[str] = field(default_factory=list)
+    assignments: list[tuple[int, Loc, str]] = field(default_factory=list)  # (edit index, where, text)
+    final: Files = field(default_factory=dict)
 
 
-def _choose_edits(
-    design: TaskDesign, lines: list[str], harmed: set[int], rng: random.Random
-) -> list[tuple[str, int, str]]:
-    """2-4 edits: fixes restore the start's bugs (a harm done earlier only rarely, once no bug is left),
-    harms hit lines not harmed before in the trajectory, neutral rewrites fill the rest."""
-    chosen: list[tuple[str, int, str]] = []
-    used: set[int] = set()
-    wanted = rng.choice((2, 3, 4))
-    undo = rng.random() < 0.2  # this action may undo an earlier harm (once the start's bugs are fixed)
-    for _ in range(50):  # an action has at least one edit; some draws find nothing left to do
-        if len(chosen) >= wanted:
-            break
-        roll = rng.random()
-        # Fixes go to the start's bugs; a harm done earlier in the trajectory is undone only now and then.
-        broken = [i for i in design.bugs if lines[i] != design.reference[i] and i not in used]
-        if not broken and undo:
-            broken = [i for i, t in design.harms if lines[i] == t and i not in used]
-        harms = [(i, t) for i, t in design.harms if i not in used and i not in harmed]
-        neutrals = [(i, t) for i, t in design.neutrals if i not in used and lines[i] != t]
-        if roll < 0.45 and broken:
-            i = rng.choice(broken)
-            chosen.append(("fix", i, design.reference[i]))
-        elif roll < 0.75 and harms:
-            i, t = rng.choice(harms)
-            chosen.append(("harm", i, t))
-        elif neutrals:
-            i, t = rng.choice(neutrals)
-            chosen.append(("neutral", i, t))
-        else:
-            continue
-        used.add(chosen[-1][1])
-    if not chosen:  # nothing left on the menus: undo an earlier harm, else an earlier neutral rewrite
-        undo_harm = [("fix", i, design.reference[i]) for i, t in design.harms if lines[i] == t]
-        undo_neutral = [("neutral", i, design.reference[i]) for i, t in design.neutrals if lines[i] == t]
-        chosen = [rng.choice(undo_harm or undo_neutral)]
-    return chosen
-
-
-def _render(turn: int, lines: list[str], chosen: list[tuple[str, int, str]]):
-    """Response text of a search/replace action (the grammar's markup), and per edit its code span."""
-    response = f"<think>\nTurn {turn}: {len(chosen)} changes to {FILE}.\n</think>\n"
-    current = list(lines)
-    spans = []
-    for _, i, new in chosen:
-        text = "".join(current)
-        lo = i
-        while text.count("".join(current[lo : i + 1])) != 1 and lo > 0:
-            lo -= 1  # widen the search with preceding lines until it is unique
-        search = "".join(current[lo : i + 1])
-        current[i] = new
-        replace = "".join(current[lo : i + 1])
-        response += f'<edit path="{FILE}">\n<search>\n{search}</search>\n<replace>\n'
-        code = new.rstrip("\n")
-        end = len(response) + len(replace) - (len(new) - len(code))  # the new line ends the payload
-        start = end - len(code) + (len(code) - len(code.lstrip()))
-        spans.append((start, end))
-        response += f"{replace}</replace>\n</edit>\n"
-    return response, spans
-
-
-def rollout(design: TaskDesign, judge: CachedJudge, g: int, n_turns: int, seed: int) -> Rollout:
-    """One trajectory through the real Episode (sandboxed visible tests, rewards, hidden outcome)."""
+def run_trajectory(
+    design: TaskDesign,
+    judge: CachedJudge,
+    traj_id: str,
+    plan: list[list[PlannedEdit]],
+    shapes: list[str],
+    outcome_only: bool = False,
+) -> Rollout:
+    """One trajectory through the real Episode (sandboxed visible tests, rewards, hidden outcome).
+    outcome_only: no step reward (reward_coef 0) and no visible pass fraction in the steps."""
     from pipeline.agent.episode import Episode
     from pipeline.agent.settings import EpisodeSettings
     from pipeline.credit_io import step_input
 
-    rng = random.Random(f"{seed}/{design.task.task_id}/{g}")
-    episode = Episode(design.task, judge, EpisodeSettings(max_turns=n_turns))
-    traj_id = f"{design.task.task_id}#{g}"
-    lines = list(design.start)
-    harmed: set[int] = set()
+    settings = EpisodeSettings(max_turns=len(plan), reward_coef=0.0 if outcome_only else 0.2)
+    episode = Episode(design.task, judge, settings)
+    files = {name: list(lines) for name, lines in design.start.items()}
     out = Rollout([], [])
-    for turn in range(n_turns):
-        chosen = _choose_edits(design, lines, harmed, rng)
-        harmed |= {i for kind, i, _ in chosen if kind == "harm"}
-        response, spans = _render(turn, lines, chosen)
+    for turn, (action, shape) in enumerate(zip(plan, shapes, strict=True)):
+        response, spans = render(turn, files, action, shape)
         step = episode.step(response, truncated=False)
         if step.action_status != "ok":
             raise RuntimeError(f"{traj_id} turn {turn}: generated an invalid action ({step.action_status})")
@@ -280,80 +604,159 @@ def rollout(design: TaskDesign, judge: CachedJudge, g: int, n_turns: int, seed: 
             step_reward=step.step_reward, response_text=response, token_char_starts=starts,
             token_char_ends=ends, action_json=step.action_json, files_before=dict(step.files_before),
             files_after=dict(step.files_after), workspace_hash_before=step.workspace_hash_before,
-            visible_passed=step.visible_passed, visible_total=step.visible_total,
+            visible_passed=None if outcome_only else step.visible_passed,
+            visible_total=None if outcome_only else step.visible_total,
         )  # fmt: skip
         out.steps.append(step_input(record, "credit_fidelity"))
-        for (kind, i, new), span in zip(chosen, spans, strict=True):
-            out.assignments.append((len(out.edits), i, new))
-            out.edits.append(EditRecord(design.task.task_id, traj_id, row_id, kind, i, new, span))
-            lines[i] = new
-    out.final = lines
-    if "".join(lines) != episode.state.files[FILE]:
+        for (kind, loc, text), span in zip(action, spans, strict=True):
+            out.assignments.append((len(out.edits), loc, text))
+            out.edits.append(
+                EditRecord(design.task.task_id, design.problem, traj_id, row_id, kind, loc, text, span)
+            )
+            files[loc[0]][loc[1]] = text
+    out.final = files
+    if any("".join(lines) != episode.state.files[name] for name, lines in files.items()):
         raise RuntimeError(f"{traj_id}: the replayed workspace differs from the episode's")
     return out
 
 
-def replay(start: list[str], assignments: list[tuple[int, int, str]], skip: int) -> list[str]:
-    """The final lines with every assignment applied in order except edit `skip`."""
-    lines = list(start)
-    for k, i, text in assignments:
+def replay(start: Files, assignments: Sequence[tuple[int, Loc, str]], skip: int) -> Files:
+    """The final files with every assignment applied in order except edit `skip`."""
+    files = {name: list(lines) for name, lines in start.items()}
+    for k, (name, i), text in assignments:
         if k != skip:
-            lines[i] = text
-    return lines
+            files[name][i] = text
+    return files
+
+
+def measure_effects(design: TaskDesign, judge: CachedJudge, rollout: Rollout) -> None:
+    with_all = judge.hidden(design.task, rollout.final).pass_fraction
+    for e, record in enumerate(rollout.edits):
+        without = judge.hidden(design.task, replay(design.start, rollout.assignments, e)).pass_fraction
+        record.effect = with_all - without
 
 
 # -------------------------------------------------------------------------------------------- building
 @dataclass
-class Benchmark:
-    steps: list  # StepInput rows of every task
+class VariantData:
+    steps: list  # StepInput rows of every task of the variant
     edits: list[EditRecord]
     n_tasks: int
+
+
+@dataclass
+class Benchmark:
+    variants: dict[str, VariantData]
     executions: int  # sandbox runs actually made (cache misses)
     lookups: int  # execution requests (hits and misses)
     seconds: float
 
 
-def build(n_tasks: int, n_rollouts: int, n_turns: int, seed: int = 0, pool_size: int = 2) -> Benchmark:
-    from pipeline.sandbox import Judge, SandboxPool
-    from pipeline.sandbox.settings import SandboxSettings
+def candidate_tasks(sources: Sequence[str], seed: int, ids: Sequence[str] | None = None) -> list:
+    """Tasks of every source, each source shuffled by seed, interleaved round-robin (every source early);
+    ids: only these task ids, in this order."""
     from pipeline.tasks import load_source
 
-    t0 = time.perf_counter()
     rng = random.Random(seed)
-    tasks = load_source("humaneval")
-    order = list(range(len(tasks)))
-    rng.shuffle(order)
+    lists = []
+    for source in sources:
+        tasks = load_source(source)
+        rng.shuffle(tasks)
+        lists.append(tasks)
+    tasks = [lst[k] for k in range(max(map(len, lists), default=0)) for lst in lists if k < len(lst)]
+    if ids is not None:
+        by_id = {t.task_id: t for t in tasks}
+        tasks = [by_id[i] for i in ids]
+    return tasks
+
+
+def _splittable(task) -> bool:
+    text = task.reference.get(FILE)
+    return text is not None and split_into_files(text, str(task.meta.get("entry_point", ""))) is not None
+
+
+def _designs(
+    tasks, judge, workers, n_tasks: int, pool_size: int, seed: int, split: bool
+) -> tuple[list[TaskDesign], int]:
+    """(designs of the first n_tasks qualifying tasks (0: all), tasks tried)."""
+    designs: list[TaskDesign] = []
+    tried = 0
+    for k in range(0, len(tasks), pool_size):
+        if n_tasks and len(designs) >= n_tasks:
+            break
+        tried = min(len(tasks), k + pool_size)
+        batch = tasks[k : k + pool_size]
+        rngs = [random.Random(f"{seed}/{t.task_id}/{split}") for t in batch]
+        for d in workers.map(lambda t, r: design_task(t, judge, r, split), batch, rngs):
+            if d is not None and (not n_tasks or len(designs) < n_tasks):
+                designs.append(d)
+    return designs, tried
+
+
+def build(
+    sources: Sequence[str] = SOURCES,
+    n_tasks: int = 16,
+    n_rollouts: int = 80,
+    n_turns: int = 3,
+    variants: Sequence[str] = VARIANTS,
+    seed: int = 0,
+    pool_size: int = 2,
+    log: Callable[[str], None] = lambda _: None,
+    ids: Sequence[str] | None = None,
+) -> Benchmark:
+    """Designs, plans, rollouts and measured effects of every variant (n_tasks 0: every qualifying task)."""
+    from pipeline.sandbox import Judge, SandboxPool
+    from pipeline.sandbox.settings import SandboxSettings
+
+    unknown = sorted(set(variants) - set(VARIANTS))
+    if unknown:
+        raise ValueError(f"unknown variants {unknown}; allowed: {', '.join(VARIANTS)}")
+    t0 = time.perf_counter()
+    tasks = candidate_tasks(sources, seed, ids)
+    out: dict[str, VariantData] = {}
     # Short deadlines: some harmful mutations loop forever, and a timeout scores like any failure.
     with SandboxPool(SandboxSettings(pool_size=pool_size, timeout_s=3.0, cpu_s=3)) as pool:
         judge = CachedJudge(Judge(pool))
-        designs: list[TaskDesign] = []
         with ThreadPoolExecutor(pool_size) as workers:
-            for k in range(0, len(order), pool_size):
-                if len(designs) >= n_tasks:
-                    break
-                batch = [tasks[j] for j in order[k : k + pool_size]]
-                rngs = [random.Random(f"{seed}/{t.task_id}") for t in batch]
-                for d in workers.map(design_task, batch, [judge] * len(batch), rngs):
-                    if d is not None and len(designs) < n_tasks:
-                        designs.append(d)
-            jobs = [(d, g) for d in designs for g in range(n_rollouts)]
-            rollouts = list(workers.map(lambda job: rollout(job[0], judge, job[1], n_turns, seed), jobs))
+            designs, tried = _designs(tasks, judge, workers, n_tasks, pool_size, seed, split=False)
+            sources_of = sorted({d.task.source for d in designs})
+            log(f"{len(designs)} of {tried} tasks tried qualify "
+                f"({', '.join(f'{s}: {sum(d.task.source == s for d in designs)}' for s in sources_of)}); "
+                f"{len(judge.cache)} runs ({time.perf_counter() - t0:.0f} s)")  # fmt: skip
+            for variant in ("mixed", *(v for v in variants if v != "mixed")):  # mixed always: the headline
+                chosen = designs
+                if variant == "multi_file":  # every task with helper definitions to move, up to n_tasks
+                    splittable = [t for t in tasks if _splittable(t)]
+                    chosen, tried = _designs(splittable, judge, workers, n_tasks, pool_size, seed, split=True)
+                    log(f"multi_file: {len(chosen)} of {tried} splittable tasks tried qualify")
+                jobs = [(d, g) for d in chosen for g in range(n_rollouts)]
 
-            def effects(job) -> None:
-                (design, _), ro = job
-                with_all = judge.hidden_fraction(design.task, ro.final)
-                for e, record in enumerate(ro.edits):
-                    without = judge.hidden_fraction(design.task, replay(design.start, ro.assignments, e))
-                    record.effect = with_all - without
+                def one(job, variant=variant):
+                    design, g = job
+                    rng = random.Random(f"{seed}/{design.task.task_id}/{g}")  # shared by the variants
+                    menu = MAX_PROBES if variant == "varied_harms" else HARM_MENU
+                    plan = plan_trajectory(design, n_turns, rng, menu)
+                    style = random.Random(f"{seed}/{design.task.task_id}/{g}/{variant}")
+                    if variant == "respell":
+                        plan = respell_plan(design, plan, style)
+                    shapes = [variant if variant in SHAPES else style.choice(SHAPES) for _ in plan]
+                    traj_id = f"{design.task.task_id}#{g}"
+                    ro = run_trajectory(design, judge, traj_id, plan, shapes, variant == "outcome_only")
+                    measure_effects(design, judge, ro)
+                    return ro
 
-            list(workers.map(effects, zip(jobs, rollouts, strict=True)))
-    steps = [s for ro in rollouts for s in ro.steps]
-    edits = [e for ro in rollouts for e in ro.edits]
-    seconds = time.perf_counter() - t0
-    return Benchmark(steps, edits, len(designs), len(judge.cache), judge.calls, seconds)
+                rollouts = list(workers.map(one, jobs))
+                out[variant] = VariantData(
+                    [s for ro in rollouts for s in ro.steps],
+                    [e for ro in rollouts for e in ro.edits],
+                    len(chosen),
+                )
+                log(f"variant {variant}: {len(chosen)} tasks, {judge.calls} requests, "
+                    f"{len(judge.cache)} runs ({time.perf_counter() - t0:.0f} s)")  # fmt: skip
+    return Benchmark(out, len(judge.cache), judge.calls, time.perf_counter() - t0)
 
 
-# --------------------------------------------------------------------------------------------- scoring
+# --------------------------------------------------------------------------------------------- metrics
 def edit_scores(result, steps, edits: list[EditRecord]) -> np.ndarray:
     """[E] mean token advantage over each edit's code span."""
     by_row = {s.row_id: s for s in steps}
@@ -362,7 +765,9 @@ def edit_scores(result, steps, edits: list[EditRecord]) -> np.ndarray:
     for k, e in enumerate(edits):
         step = by_row[e.row_id]
         tokens = (step.token_char_starts < e.span[1]) & (step.token_char_ends > e.span[0])
-        out[k] = float(np.asarray(adv_of[e.row_id])[tokens].mean())
+        # Rounded: the float noise of averaging equal values (a row-level advantage over spans of different
+        # lengths) must not break the ties that the pair accuracy counts one half.
+        out[k] = round(float(np.asarray(adv_of[e.row_id], np.float64)[tokens].mean()), 9)
     return out
 
 
@@ -399,190 +804,186 @@ def pair_counts(score: np.ndarray, effect: np.ndarray, group: np.ndarray) -> tup
     return wins, pairs
 
 
-def sign_counts(score: np.ndarray, effect: np.ndarray) -> tuple[float, int]:
-    """(correct, n) over edits with a nonzero effect: sign(score) = sign(effect), score 0 counts one half."""
-    idx = effect != 0
-    s, e = np.sign(score[idx]), np.sign(effect[idx])
-    return float((s == e).sum() + 0.5 * (s == 0).sum()), int(idx.sum())
+def pooled_ratio(counts: np.ndarray, sample: np.ndarray) -> float:
+    """sum of numerators / sum of denominators over the clusters `sample` (with repeats); counts [C, 2]."""
+    num, den = counts[sample].sum(axis=0)
+    return float(num / den) if den else float("nan")
+
+
+def percentile_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float]:
+    """The central `level` percentile interval of the finite bootstrap values (nan, nan when none)."""
+    vals = np.asarray(values, float)
+    vals = vals[np.isfinite(vals)]
+    if not len(vals):
+        return float("nan"), float("nan")
+    lo, hi = np.percentile(vals, [50 * (1 - level), 50 * (1 + level)])
+    return float(lo), float(hi)
+
+
+def cluster_draws(n_clusters: int, n_boot: int, seed: int) -> list[np.ndarray]:
+    """Bootstrap resamples of cluster indices (with replacement), the same for every estimator."""
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, n_clusters, n_clusters) for _ in range(n_boot)]
+
+
+Metric = tuple[float, float, float]  # (point, lo, hi)
+
+
+def variant_metrics(score: np.ndarray, edits: list[EditRecord], draws: list[np.ndarray]) -> dict[str, Metric]:
+    """pair_action, pair_traj, spearman, auc with percentile bootstrap intervals over problems."""
+    effect = np.array([e.effect for e in edits])
+    problems = sorted({e.problem for e in edits})
+    cluster = np.array([problems.index(e.problem) for e in edits])
+    members = [np.flatnonzero(cluster == c) for c in range(len(problems))]
+    action = np.unique([e.row_id for e in edits], return_inverse=True)[1]
+    traj = np.unique([e.traj_id for e in edits], return_inverse=True)[1]
+    counts = {
+        "pair_action": np.array([pair_counts(score[m], effect[m], action[m]) for m in members]).reshape(
+            -1, 2
+        ),
+        "pair_traj": np.array([pair_counts(score[m], effect[m], traj[m]) for m in members]).reshape(-1, 2),
+    }
+
+    def evaluate(sample: np.ndarray) -> dict[str, float]:
+        idx = np.concatenate([members[c] for c in sample]) if len(sample) else np.zeros(0, int)
+        values = {name: pooled_ratio(c, sample) for name, c in counts.items()}
+        values["spearman"] = spearman(score[idx], effect[idx])
+        values["auc"] = auc(score[idx], effect[idx])
+        return values
+
+    point = evaluate(np.arange(len(problems)))
+    boots = [evaluate(d) for d in draws if len(problems)]
+    return {name: (value, *percentile_interval([b[name] for b in boots])) for name, value in point.items()}
 
 
 @dataclass
-class Scored:
-    name: str
-    score: np.ndarray  # [E]
-    coverage: float | None
+class Row:
+    variant: str
+    estimator: str
+    metrics: dict[str, Metric]
+    coverage: float  # nan for estimators without anchors
+    ms: float  # compute_credit wall time on the variant's batch
 
 
-def metrics_table(
-    scored: list[Scored], bench: Benchmark, n_boot: int, seed: int = 0
-) -> dict[str, dict[str, tuple[float, float, float]]]:
-    """name -> metric -> (point, lo, hi) with percentile bootstrap over task groups (95%)."""
-    edits = bench.edits
+def score_variant(
+    name: str, data: VariantData, estimators: Sequence[str], n_boot: int, seed: int
+) -> list[Row]:
+    from pipeline.credit import CreditSettings, clear_caches, compute_credit
+
+    problems = sorted({e.problem for e in data.edits})
+    draws = cluster_draws(len(problems), n_boot, seed)
+    rows = []
+    for estimator in estimators:
+        clear_caches()  # every timed batch is cold: the first estimator must not warm the others' caches
+        t0 = time.perf_counter()
+        result = compute_credit(data.steps, CreditSettings(estimator=estimator))
+        ms = 1000 * (time.perf_counter() - t0)
+        coverage = result.diagnostics.coverage if estimator in ANCHORED else float("nan")
+        score = edit_scores(result, data.steps, data.edits)
+        rows.append(Row(name, estimator, variant_metrics(score, data.edits, draws), coverage, ms))
+    return rows
+
+
+def within_pairs(edits: list[EditRecord], by: str) -> int:
+    """Helpful x harmful pairs sharing an action (by="row_id") or a trajectory (by="traj_id")."""
     effect = np.array([e.effect for e in edits])
-    tasks = sorted({e.task_id for e in edits})
-    task_of = np.array([tasks.index(e.task_id) for e in edits])
-    rows = sorted({e.row_id for e in edits})
-    action = np.array([rows.index(e.row_id) for e in edits])
-    trajs = sorted({e.traj_id for e in edits})
-    traj = np.array([trajs.index(e.traj_id) for e in edits])
-    final = _final_outcomes(bench)
-    mixed = np.array([len({final[e2.traj_id] for e2 in edits if e2.task_id == t}) > 1 for t in tasks])
-    members = [np.flatnonzero(task_of == t) for t in range(len(tasks))]
-    rng = np.random.default_rng(seed)
-    draws = [rng.integers(0, len(tasks), len(tasks)) for _ in range(n_boot)]
-    out: dict[str, dict[str, tuple[float, float, float]]] = {}
-    for s in scored:
-        per_task = {
-            "pair_action": np.array([pair_counts(s.score[m], effect[m], action[m]) for m in members]),
-            "pair_traj": np.array([pair_counts(s.score[m], effect[m], traj[m]) for m in members]),
-            "sign_acc": np.array(
-                [sign_counts(s.score[m], effect[m]) if mixed[t] else (0.0, 0) for t, m in enumerate(members)]
-            ),
-        }
-
-        def evaluate(sample: np.ndarray, score=s.score, counts=per_task) -> dict[str, float]:
-            return _evaluate(score, effect, members, counts, sample)
-
-        point = evaluate(np.arange(len(tasks)))
-        boots = [evaluate(d) for d in draws]
-        out[s.name] = {}
-        for name, value in point.items():
-            vals = np.array([b[name] for b in boots])
-            vals = vals[np.isfinite(vals)]
-            lo, hi = np.percentile(vals, [2.5, 97.5]) if len(vals) else (np.nan, np.nan)
-            out[s.name][name] = (value, float(lo), float(hi))
-        cov = s.coverage
-        out[s.name]["coverage"] = (cov if cov is not None else float("nan"), float("nan"), float("nan"))
-    return out
+    group = np.unique([getattr(e, by) for e in edits], return_inverse=True)[1] if edits else np.zeros(0, int)
+    return pair_counts(np.zeros(len(edits)), effect, group)[1]
 
 
-def _evaluate(
-    score: np.ndarray,
-    effect: np.ndarray,
-    members: list[np.ndarray],
-    per_task: dict[str, np.ndarray],
-    sample: np.ndarray,
-) -> dict[str, float]:
-    """Metrics over the task groups `sample` (with repeats): pooled edits for Spearman and AUC, pooled
-    (numerator, denominator) counts [tasks, 2] for the pair and sign accuracies."""
-    idx = np.concatenate([members[t] for t in sample])
-    values = {"spearman": spearman(score[idx], effect[idx]), "auc": auc(score[idx], effect[idx])}
-    for name, counts in per_task.items():
-        num, den = counts[sample].sum(axis=0)
-        values[name] = float(num / den) if den else float("nan")
-    return values
-
-
-def _final_outcomes(bench: Benchmark) -> dict[str, float]:
-    """traj_id -> episode return (sum of its step rewards): the outcome the group compares."""
-    total: dict[str, float] = {}
-    for s in bench.steps:
-        total[s.traj_id] = total.get(s.traj_id, 0.0) + float(s.step_reward)
-    return total
-
-
-def configurations() -> list[tuple[str, dict]]:
-    """(label, CreditSettings fields) of every estimator and setting measured."""
-    configs: list[tuple[str, dict]] = [
-        (name, {"estimator": name}) for name in ("grpo", "dr_grpo", "rloo", "gigpo")
-    ]
-    configs += [(f"didpo lam={lam}", {"estimator": "didpo", "lam": lam}) for lam in LAMBDAS]
-    configs += [
-        (f"didpo gs={form}", {"estimator": "didpo", "gs_form": form})
-        for form in ("log", "linear", "additive")
-    ]
-    configs += [(f"didpo_did lam={lam}", {"estimator": "didpo_did", "lam": lam}) for lam in LAMBDAS if lam]
-    did = {"estimator": "didpo_did"}
-    for key, values in (
-        ("did_outcome", ("return_to_go", "terminal")),
-        ("did_ridge", (0.1, 10.0)),
-        ("did_controls", ("turn_trajectory", "none")),
-        ("did_unanchored", ("singleton",)),
-        ("did_granularity", ("anchor",)),
-        ("did_shrink", (True,)),
-    ):
-        configs += [(f"didpo_did {key[4:]}={v}", {**did, key: v}) for v in values]
-    return configs
-
-
-def score_all(bench: Benchmark, configs: list[tuple[str, dict]]) -> list[Scored]:
-    from pipeline.credit import CreditSettings, compute_credit
-
-    scored = []
-    for label, fields in configs:
-        settings = CreditSettings(**fields)
-        result = compute_credit(bench.steps, settings)
-        uses_anchors = fields["estimator"] in ("didpo", "didpo_did")
-        coverage = result.diagnostics.coverage if uses_anchors else None
-        scored.append(Scored(label, edit_scores(result, bench.steps, bench.edits), coverage))
-    return scored
-
-
-def _fmt(m: tuple[float, float, float]) -> str:
+def _fmt(m: Metric) -> str:
     value, lo, hi = m
     if not np.isfinite(value):
-        return f"{'-':>22}"
+        return f"{'-':>20}"
     if not np.isfinite(lo):
-        return f"{value:>7.3f}{'':>15}"
-    return f"{value:>7.3f} [{lo:>5.2f},{hi:>5.2f}]"
+        return f"{value:>6.3f}{'':>14}"
+    return f"{value:>6.3f} [{lo:>5.2f},{hi:>5.2f}]"
+
+
+def summary_line(rows: list[Row], pairs: int) -> str:
+    """The benchmark's last line (see the module docstring)."""
+    get = {(r.variant, r.estimator): r for r in rows}
+    nan = (float("nan"),) * 3
+
+    def metric(variant: str, estimator: str, name: str) -> float:
+        row = get.get((variant, estimator))
+        return (row.metrics.get(name, nan) if row else nan)[0]
+
+    hard = [metric(v, "didpo_did", "pair_action") for v in HARDENED if (v, "didpo_did") in get]
+    hard = [h for h in hard if np.isfinite(h)]
+    did = get.get(("mixed", "didpo_did"))
+    return (
+        f"credit_fidelity: did_pair_action={metric('mixed', 'didpo_did', 'pair_action'):.4f} "
+        f"did_pair_action_hard={min(hard) if hard else float('nan'):.4f} "
+        f"did_spearman={metric('mixed', 'didpo_did', 'spearman'):.4f} "
+        f"did_coverage={did.coverage if did else float('nan'):.4f} "
+        f"didpo_pair_action={metric('mixed', 'didpo', 'pair_action'):.4f} "
+        f"gigpo_pair_action={metric('mixed', 'gigpo', 'pair_action'):.4f} pairs={pairs}"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tasks", type=int, default=20)
-    parser.add_argument("--rollouts", type=int, default=10)
+    parser.add_argument("--sources", default=",".join(SOURCES), help="task sources, comma separated")
+    parser.add_argument("--tasks", type=int, default=16, help="qualifying tasks (0: every qualifying task)")
+    parser.add_argument("--rollouts", type=int, default=80, help="rollouts per task (G)")
     parser.add_argument("--turns", type=int, default=3)
-    parser.add_argument("--boot", type=int, default=500, help="bootstrap resamples of task groups")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="comma separated; mixed always runs")
+    parser.add_argument("--estimators", default=",".join(ESTIMATORS), help="comma separated")
+    parser.add_argument("--boot", type=int, default=500, help="bootstrap resamples of problems")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--pool-size", type=int, default=2)
+    parser.add_argument("--ids", default="", help="only these task ids (comma separated), in this order")
     args = parser.parse_args(argv)
+    estimators = [e for e in args.estimators.split(",") if e]
+    for needed in ("didpo_did", "didpo", "gigpo"):  # the last line reports them
+        if needed not in estimators:
+            estimators.append(needed)
 
-    bench = build(args.tasks, args.rollouts, args.turns, args.seed, args.pool_size)
-    effect = np.array([e.effect for e in bench.edits])
-    kinds = {k: [e.effect for e in bench.edits if e.kind == k] for k in ("fix", "harm", "neutral")}
+    bench = build(
+        [s for s in args.sources.split(",") if s], args.tasks, args.rollouts, args.turns,
+        [v for v in args.variants.split(",") if v], args.seed, args.pool_size,
+        log=lambda m: print(m, flush=True), ids=[i for i in args.ids.split(",") if i] or None,
+    )  # fmt: skip
     print(
-        f"{bench.n_tasks} tasks x {args.rollouts} rollouts x {args.turns} turns: {len(bench.steps)} steps, "
-        f"{len(bench.edits)} edits ({int((effect > 0).sum())} helpful, {int((effect < 0).sum())} harmful, "
-        f"{int((effect == 0).sum())} no effect); {bench.executions} sandbox runs for {bench.lookups} requests; "
-        f"{bench.seconds:.1f} s"
+        f"built in {bench.seconds:.0f} s: {bench.executions} sandbox runs for {bench.lookups} requests "
+        f"({args.rollouts} rollouts x {args.turns} turns per task)"
     )
-    zero = np.zeros(len(bench.edits))
-    ids = {
-        name: np.unique([getattr(e, name) for e in bench.edits], return_inverse=True)[1]
-        for name in ("row_id", "traj_id")
-    }
-    n_action = pair_counts(zero, effect, ids["row_id"])[1]
-    n_traj = pair_counts(zero, effect, ids["traj_id"])[1]
-    print(f"  helpful x harmful pairs: {n_action} within an action, {n_traj} within a trajectory")
-    for k, v in kinds.items():
-        print(f"  generated as {k:<8} n={len(v):>4}  mean effect {np.mean(v) if v else float('nan'):+.3f}")
+    print(f"\n{'variant':<13}{'tasks':>6}{'steps':>7}{'edits':>7}{'helpful':>8}{'harmful':>8}{'none':>6}"
+          f"{'pairs_action':>13}{'pairs_traj':>11}")  # fmt: skip
+    for name, data in bench.variants.items():
+        effect = np.array([e.effect for e in data.edits])
+        print(
+            f"{name:<13}{data.n_tasks:>6}{len(data.steps):>7}{len(data.edits):>7}{int((effect > 0).sum()):>8}"
+            f"{int((effect < 0).sum()):>8}{int((effect == 0).sum()):>6}{within_pairs(data.edits, 'row_id'):>13}"
+            f"{within_pairs(data.edits, 'traj_id'):>11}"
+        )
     t0 = time.perf_counter()
-    scored = score_all(bench, configurations())
-    table = metrics_table(scored, bench, args.boot, args.seed)
-    columns = ("spearman", "auc", "sign_acc", "pair_action", "pair_traj", "coverage")
-    print(f"\n{'estimator':<34}" + "".join(f"{c:>23}" for c in columns))
-    for name, row in table.items():
-        print(f"{name:<34}" + "".join(f" {_fmt(row[c])}" for c in columns))
+    rows = [
+        r
+        for name, data in bench.variants.items()
+        if data.edits  # a variant no task qualified for has nothing to score
+        for r in score_variant(name, data, estimators, args.boot, args.seed)
+    ]
+    columns = ("pair_action", "pair_traj", "spearman", "auc")
     print(
-        f"(point [95% bootstrap interval over {bench.n_tasks} task groups, {args.boot} resamples]; "
-        f"scoring {time.perf_counter() - t0:.1f} s)"
+        f"\n{'variant':<13}{'estimator':<11}"
+        + "".join(f"{c:>21}" for c in columns)
+        + f"{'coverage':>9}{'ms':>8}"
     )
-    didpo, grpo, gigpo = table["didpo lam=1.0"], table["grpo"], table["gigpo"]
-    did = table["didpo_did lam=1.0"]
-    for metric in ("spearman", "auc"):
-        for other, row in (("grpo", grpo), ("gigpo", gigpo)):
-            for label, mine in (("didpo", didpo), ("didpo_did", did)):
-                apart = mine[metric][1] > row[metric][2]
-                print(f"{label} {metric} interval above {other}'s (non-overlapping): {apart}")
+    for r in rows:
+        cov = f"{r.coverage:>9.3f}" if np.isfinite(r.coverage) else f"{'-':>9}"
+        print(
+            f"{r.variant:<13}{r.estimator:<11}"
+            + "".join(f" {_fmt(r.metrics[c])}" for c in columns)
+            + f"{cov}{r.ms:>8.0f}"
+        )
+    n_problems = len({e.problem for e in bench.variants["mixed"].edits})
     print(
-        f"credit_fidelity: didpo_spearman={didpo['spearman'][0]:.4f} grpo_spearman={grpo['spearman'][0]:.4f} "
-        f"gigpo_spearman={gigpo['spearman'][0]:.4f} didpo_coverage={didpo['coverage'][0]:.4f}"
+        f"(point [95% percentile bootstrap over problems, {args.boot} resamples; mixed: {n_problems} problems]; "
+        f"scoring {time.perf_counter() - t0:.0f} s; total {time.perf_counter() - t0 + bench.seconds:.0f} s)"
     )
-    print(
-        f"credit_fidelity_did: did_pair_action={did['pair_action'][0]:.4f} "
-        f"didpo_pair_action={didpo['pair_action'][0]:.4f} did_spearman={did['spearman'][0]:.4f} "
-        f"didpo_spearman={didpo['spearman'][0]:.4f}"
-    )
+    print(summary_line(rows, within_pairs(bench.variants["mixed"].edits, "row_id")))
 
 
 if __name__ == "__main__":

@@ -3,8 +3,9 @@
 Batches are built from the bundled tasks' reference solutions: each task starts from its reference with a
 few injected bugs; every rollout runs 8 turns; every action bundles several search/replace edits (fixes that
 restore a reference line, sometimes written slightly differently; neutral rewrites; harmful mutations), and
-one action in ten rewrites the whole file. Rollouts of a task share many fixes (near duplicates across
-rollouts), as sampled trajectories of one policy do.
+one action in ten rewrites the whole file. Bugs and harmful mutations come from the project's one mutation
+path, `pipeline.tasks.repair.bug_candidates` (`line_mutations`, shared with credit_fidelity.py). Rollouts of
+a task share many fixes (near duplicates across rollouts), as sampled trajectories of one policy do.
 
 Measured on one core (the child process is pinned to one CPU): the paper-scale batch (6 tasks x 32 rollouts
 x 8 turns = 1536 rows) and 8, 16, 32, 64, 128 rollouts per task; median of 3 runs per size; peak RSS of the
@@ -14,7 +15,8 @@ times a fixed random sample of pairs and the table marks the figure "est" (pairs
 The credit stage's per-text caches are cleared before every timed run (each run is a cold batch).
 
 Beside didpo (the default estimator), the same batches are timed with didpo_did (columns did_sec,
-did/didpo; target: within 1.5x of didpo on the paper batch).
+did/didpo; target: within 1.2x of didpo on the paper batch) and with grpo (grpo_ms: `compute_credit`
+computes no sub-diffs or anchors for an estimator that does not read them, so this is what GRPO costs).
 
 Targets: paper batch < 1 s; growth exponent (log-log slope of seconds vs rows, 8 -> 128 rollouts) <= 1.15.
 Last line: `credit_speed: paper_batch_s=<float> exponent=<float> coverage=<float> naive_ratio=<float>`.
@@ -42,15 +44,6 @@ ROLLOUTS = (8, 16, 32, 64, 128)
 NAIVE_PAIR_CAP = 400_000
 NAIVE_SAMPLE = 20_000
 _TOKENS = re.compile(r"\w+|\s+|[^\w\s]")
-_OPS = [
-    (" + ", " - "),
-    (" < ", " <= "),
-    (" > ", " >= "),
-    (" == ", " != "),
-    (" and ", " or "),
-    ("1", "2"),
-    ("0", "1"),
-]
 
 
 def _reference_sources(n: int) -> list[tuple[str, str]]:
@@ -66,21 +59,36 @@ def _reference_sources(n: int) -> list[tuple[str, str]]:
         with gzip.open("/work/shared/data/HumanEval.jsonl.gz", "rt") as f:
             records = [json.loads(line) for line in f]
         tasks = [(r["task_id"], r["prompt"] + r["canonical_solution"]) for r in records]
-    chosen = []
+    sized = []
     for task_id, text in tasks:
         code = [ln for ln in text.splitlines() if ln.strip() and not ln.strip().startswith("#")]
-        mutable = [ln for ln in code if _mutations(ln)]
-        if 15 <= len(code) <= 60 and len(mutable) >= 6:
+        if 15 <= len(code) <= 60:
+            sized.append((task_id, text))
+    # Evenly spaced over the sources; the mutation check (a parse per candidate bug) runs only on the
+    # spaced picks, in order, until n have at least 6 mutable lines.
+    step = max(1, len(sized) // n)
+    chosen = []
+    for task_id, text in sized[::step] + [t for k, t in enumerate(sized) if k % step]:
+        if len(line_mutations(text)) >= 6:
             chosen.append((task_id, text))
-    step = max(1, len(chosen) // n)
-    return chosen[::step][:n]
+            if len(chosen) == n:
+                break
+    return chosen
 
 
-def _mutations(line: str) -> list[str]:
-    stripped = line.strip()
-    if stripped.startswith(("def ", "class ", '"""', "'''", ">>>", "import ", "from ")):
-        return []
-    return [line.replace(a, b, 1) for a, b in _OPS if a in line]
+def line_mutations(text: str) -> dict[int, list[str]]:
+    """0-based line -> its harmful rewrites (newline kept), from the project's one mutation path,
+    `pipeline.tasks.repair.bug_candidates`. delete_line is left out: it removes a line instead of writing
+    one, and both benchmarks rewrite lines in place."""
+    from pipeline.tasks.repair import FAMILIES, bug_candidates
+
+    lines = text.splitlines(keepends=True)
+    out: dict[int, list[str]] = {}
+    for bug in bug_candidates(text, [f for f in FAMILIES if f != "delete_line"]):
+        original = lines[bug.line - 1]
+        ending = original[len(original.rstrip("\r\n")) :]
+        out.setdefault(bug.line - 1, []).append(bug.buggy + ending)
+    return out
 
 
 def _offsets(text: str) -> tuple[np.ndarray, np.ndarray]:
@@ -95,11 +103,12 @@ def build_batch(n_rollouts: int, seed: int = 0):
     steps = []
     for task_id, reference in _reference_sources(N_TASKS):
         ref = reference.splitlines(keepends=True)
-        mutable = [i for i, ln in enumerate(ref) if _mutations(ln)]
+        mutations = line_mutations(reference)
+        mutable = sorted(mutations)
         bugs = rng.sample(mutable, 3)
         start = list(ref)
         for i in bugs:
-            start[i] = rng.choice(_mutations(ref[i]))
+            start[i] = rng.choice(mutations[i])
         for g in range(n_rollouts):
             lines = list(start)
             total = 0.0
@@ -121,7 +130,7 @@ def build_batch(n_rollouts: int, seed: int = 0):
                         new = lines[i].rstrip("\n").rstrip() + "  # keep\n" if "#" not in lines[i] else ref[i]
                     else:
                         i = rng.choice(mutable)
-                        options = _mutations(lines[i])
+                        options = mutations[i]  # harmful rewrites of the reference line
                         if i in targets or not options:
                             continue
                         new = rng.choice(options)
@@ -249,6 +258,13 @@ def _measure(n_rollouts: int, queue) -> None:
         start = time.perf_counter()
         compute_credit(steps, did_settings)
         did_times.append(time.perf_counter() - start)
+    grpo_settings = settings.model_copy(update={"estimator": "grpo"})
+    grpo_times = []
+    for _ in range(3):
+        clear_caches()
+        start = time.perf_counter()
+        compute_credit(steps, grpo_settings)
+        grpo_times.append(time.perf_counter() - start)
     naive_s, pairs, estimated = _naive(steps, result, settings)
     d = result.diagnostics
     queue.put(
@@ -261,6 +277,7 @@ def _measure(n_rollouts: int, queue) -> None:
             coverage=d.coverage,
             seconds=statistics.median(times),
             did_seconds=statistics.median(did_times),
+            grpo_seconds=statistics.median(grpo_times),
             peak_mib=max(0, peak - base) / 1024,
             naive_s=naive_s,
             naive_pairs=pairs,
@@ -291,7 +308,7 @@ def main() -> None:
     results = run(sizes)
     header = (
         f"{'rollouts':>8} {'rows':>6} {'cands':>7} {'uniq':>6} {'anchors':>7} {'cover':>6} {'sec':>7} "
-        f"{'did_sec':>7} {'did/didpo':>9} {'peakMiB':>8} {'naive_s':>9} {'pairs':>11} {'naive/ours':>10}"
+        f"{'did_sec':>7} {'did/didpo':>9} {'grpo_ms':>7} {'peakMiB':>8} {'naive_s':>9} {'pairs':>11} {'naive/ours':>10}"
     )
     print(header)
     for r in results:
@@ -299,7 +316,7 @@ def main() -> None:
         print(
             f"{r['rollouts']:>8} {r['rows']:>6} {r['candidates']:>7} {r['unique']:>6} {r['anchors']:>7} "
             f"{r['coverage']:>6.3f} {r['seconds']:>7.3f} {r['did_seconds']:>7.3f} "
-            f"{r['did_seconds'] / r['seconds']:>9.2f} {r['peak_mib']:>8.1f} {r['naive_s']:>9.2f}{tag} "
+            f"{r['did_seconds'] / r['seconds']:>9.2f} {r['grpo_seconds'] * 1000:>7.1f} {r['peak_mib']:>8.1f} {r['naive_s']:>9.2f}{tag} "
             f"{r['naive_pairs']:>11} {r['naive_s'] / r['seconds']:>10.1f}"
         )
         if args.phases:
@@ -325,7 +342,7 @@ def main() -> None:
     )
     print(
         f"didpo_did on the paper batch: {paper['did_seconds']:.4f} s = "
-        f"{paper['did_seconds'] / paper['seconds']:.2f}x didpo's {paper['seconds']:.4f} s (target <= 1.5x)"
+        f"{paper['did_seconds'] / paper['seconds']:.2f}x didpo's {paper['seconds']:.4f} s (target <= 1.2x); grpo {paper['grpo_seconds'] * 1000:.1f} ms"
     )
     print(
         f"credit_speed: paper_batch_s={paper['seconds']:.4f} exponent={exponent:.4f} "
