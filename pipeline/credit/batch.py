@@ -203,7 +203,7 @@ def assign_advantages(units: CreditUnits, settings: CreditSettings | None = None
     with timer.phase("estimator"), _blas().limit(limits=1, user_api="blas"):
         output = spec.fn(units.batch, settings)
     diff_covered = units.diff_covered
-    if not (spec.needs_anchors and settings.lam):
+    if not reads_units(settings):
         diff_covered = [np.zeros(s.n_tokens, bool) for s in units.rows]  # no diff-level term reached a token
     with timer.phase("tables"):
         result = _tables(units.steps, units.rows, units.candidates, units.subdiffs, units.anchors, output,
