@@ -149,7 +149,9 @@ def main() -> None:
                             episodes_per_task=args.episodes)
         rows = [r for r in rows if r.kind == "edit"]
         weights = hashlib.sha256((base / "model.safetensors").read_bytes()).hexdigest()[:12]
-        sft_dir = work / f"sft_{weights}_seed{args.seed}"  # per base: a finished SFT is reused only for its base
+        demos = hashlib.sha256(json.dumps([(r.prompt_ids, r.response_ids) for r in rows]).encode()).hexdigest()[:8]
+        # per base and demonstrations: a finished SFT is reused only for the same inputs
+        sft_dir = work / f"sft_{weights}_{demos}_seed{args.seed}"
         train_sft(base, sft_dir, rows, SftSettings(lr=args.lr, max_steps=args.sft_steps, epochs=100,
                                                    warmup_steps=min(20, args.sft_steps // 10),
                                                    max_tokens_per_batch=4096,

@@ -158,6 +158,9 @@ _THINK = {
     "append": ("{path} ends with the docstring of `{name}`. I append the body.",
                "Append the implementation of `{name}` to {path}.",
                "The body of `{name}` is missing; it goes at the end of {path}."),
+    "bug": ("Line {line} of {path} is wrong; I fix it.",
+            "The bug in `{name}` is on line {line}.",
+            "Fix line {line} of {path}."),
     "fix": ("The visible test fails. Line {line} of {path} is wrong; I fix it.",
             "A test failed, so `{name}` has a bug. The mistake is on line {line}.",
             "Fix line {line} of {path}: it makes the test fail."),
@@ -188,6 +191,13 @@ def _edit_edits(before: Mapping[str, str], after: Mapping[str, str]) -> list[Edi
     return edits
 
 
+def _first_line(files: Mapping[str, str], edit: Edit) -> int:
+    """The line (1-based) of `files` where `edit` starts: its search text's, or 1 for a whole-file write."""
+    text = files.get(edit.path, "")
+    at = text.find(edit.search) if edit.op == "replace" else -1
+    return text.count("\n", 0, at) + 1 if at >= 0 else 1
+
+
 def _append_edits(before: Mapping[str, str], after: Mapping[str, str]) -> list[Edit] | None:
     changed = [p for p in sorted(after) if before.get(p) != after[p]]
     if not all(p in before and before[p].endswith("\n") and after[p].startswith(before[p]) for p in changed):
@@ -202,7 +212,12 @@ def _first_turn(kind: str, task: Task, target: dict[str, str], rng: random.Rando
     if kind == "write":
         return _action("write", _think("write", rng, **values), _write_edits(before, target)), "write", None
     if kind == "edit":
-        return _action("edit", _think("edit", rng, **values), _edit_edits(before, target)), "edit", None
+        edits = _edit_edits(before, target)
+        if "bugs" in task.meta:  # a repair task: say where the bug is, not that a body is missing
+            think = _think("bug", rng, **{**values, "line": _first_line(before, edits[0])})
+        else:
+            think = _think("edit", rng, **values)
+        return _action("edit", think, edits), "edit", None
     if kind == "append":
         edits = _append_edits(before, target)
         return None if edits is None else (_action("insert", _think("append", rng, **values), edits), "append", None)

@@ -217,8 +217,10 @@ def _main_file(task: Task) -> str | None:
 def build_task(source_task: Task, recipe: RepairRecipe) -> Task:
     """The repair task of `recipe`: the source's reference with the bugs, its tests, its instructions with a
     note that the code has bugs; the bugs go to `meta` (never rendered into a prompt)."""
-    text = source_task.reference[recipe.path]
-    workspace = dict(source_task.reference)
+    # Files end in a newline, as every demonstration's target does (`training.sft.solution_files`): a
+    # reference without one would otherwise teach a second, spurious edit that only adds it.
+    workspace = {p: t if t.endswith("\n") or not t else t + "\n" for p, t in source_task.reference.items()}
+    text = workspace[recipe.path]
     workspace[recipe.path] = apply_bugs(text, recipe.bugs)
     count = len(recipe.bugs)
     note = f"The code in {recipe.path} has {count} bug{'s' if count > 1 else ''}: fix {'them' if count > 1 else 'it'}."

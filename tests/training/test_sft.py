@@ -110,6 +110,28 @@ def test_repair_fixes_a_failing_first_turn(tasks, tokenizer):
     assert finishes and all(parse_response(e.response_text).kind == "finish" for e in finishes)
 
 
+def test_a_repair_task_is_demonstrated_as_one_edit_naming_its_line(tasks, tokenizer):
+    from pipeline.tasks.repair import RepairRecipe, bug_candidates, build_task
+
+    repairs = []
+    for task in tasks:
+        # the first candidate bug that changes a line (not the docstring) of the reference
+        bug = next(b for b in bug_candidates(task.reference["solution.py"]) if b.buggy is not None and b.line > 12)
+        recipe = RepairRecipe(f"repair/{task.task_id}", "train", "mbpp", None, task.task_id, "solution.py",
+                              (bug,), "program", 0)
+        repairs.append((build_task(task, recipe), bug))
+    rows = sft_examples([t for t, _ in repairs], tokenizer, EPISODE, seed=0, mix={"edit": 1.0}, finish_rate=0.0)
+    assert len(rows) == len(repairs)
+    for row, (task, bug) in zip(rows, repairs, strict=True):
+        action = parse_response(row.response_text)
+        # one edit: references without a final newline no longer add a second edit that only appends one
+        assert action.kind == "edit" and len(action.edits) == 1, row.response_text
+        edit = action.edits[0]
+        assert bug.buggy in edit.search and bug.original in edit.replace
+        first = task.workspace["solution.py"][:task.workspace["solution.py"].find(edit.search)].count("\n") + 1
+        assert f"line {first}" in action.think.lower() and "signature" not in action.think
+
+
 def test_examples_are_deterministic_and_seeded(tasks, tokenizer, examples):
     assert sft_examples(tasks, tokenizer, EPISODE, seed=0) == examples
     other = sft_examples(tasks, tokenizer, EPISODE, seed=5)

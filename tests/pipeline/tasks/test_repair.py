@@ -167,7 +167,9 @@ def test_a_task_file_rebuilds_the_tasks_and_the_bugs_never_reach_a_prompt(tmp_pa
     for task, recipe in zip(tasks, recipes, strict=True):
         source = sources[recipe.source_task]
         assert task.source == "repair" and task.split == recipe.split
-        assert task.workspace["solution.py"] == apply_bugs(source.reference["solution.py"], recipe.bugs)
+        reference = source.reference["solution.py"]
+        # the buggy file ends in a newline whether or not the reference does (no spurious demonstrated edit)
+        assert task.workspace["solution.py"] == apply_bugs(reference.rstrip("\n") + "\n", recipe.bugs)
         assert task.reference == source.reference and task.hidden_tests == source.hidden_tests
         assert task.meta["problem"] == source.meta["problem"]  # so check_disjoint sees the program
         prompt = Episode(task, None, EpisodeSettings()).render_prompt()
