@@ -87,7 +87,6 @@ SHAPES = ("blocks", "hunk", "write")
 HARDENED = ("respell", "outcome_only", "varied_harms", "multi_file")
 VARIANTS = ("mixed", *SHAPES, *HARDENED)
 ESTIMATORS = ("grpo", "rloo", "gigpo", "didpo", "didpo_did")
-ANCHORED = ("didpo", "didpo_did")  # estimators with a coverage figure
 
 Loc = tuple[str, int]  # (file path, 0-based line)
 Files = dict[str, list[str]]  # path -> lines (keepends)
@@ -861,7 +860,7 @@ class Row:
     variant: str
     estimator: str
     metrics: dict[str, Metric]
-    coverage: float  # nan for estimators without anchors
+    coverage: float  # nan for estimators without diff-level units
     ms: float  # compute_credit wall time on the variant's batch
 
 
@@ -878,10 +877,20 @@ def score_variant(
         t0 = time.perf_counter()
         result = compute_credit(data.steps, CreditSettings(estimator=estimator))
         ms = 1000 * (time.perf_counter() - t0)
-        coverage = result.diagnostics.coverage if estimator in ANCHORED else float("nan")
+        coverage = _coverage(result.diagnostics, estimator)
         score = edit_scores(result, data.steps, data.edits)
         rows.append(Row(name, estimator, variant_metrics(score, data.edits, draws), coverage, ms))
     return rows
+
+
+def _coverage(diagnostics, estimator: str) -> float:
+    """Share of changed tokens under the estimator's diff-level units (anchors or line units); nan for an
+    estimator without any."""
+    from pipeline.credit.estimators import get_estimator
+
+    spec = get_estimator(estimator)
+    return (diagnostics.line_coverage if spec.needs_lines else
+            diagnostics.coverage if spec.needs_anchors else float("nan"))
 
 
 def within_pairs(edits: list[EditRecord], by: str) -> int:

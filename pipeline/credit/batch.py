@@ -31,6 +31,7 @@ from pipeline.credit.diagnostics import Diagnostics, PhaseTimer
 from pipeline.credit.diffs import whole_diff
 from pipeline.credit.estimators import EstimatorBatch, EstimatorOutput, get_estimator
 from pipeline.credit.inputs import CreditInputError, StepInput, offsets_valid, validate_step
+from pipeline.credit.lines import line_units
 from pipeline.credit.normalize import comparison_tokens
 from pipeline.credit.projection import merge_intervals, token_max, token_runs
 from pipeline.credit.returns import episode_returns, returns_to_go
@@ -92,6 +93,11 @@ def reads_units(settings: CreditSettings) -> bool:
     return get_estimator(settings.estimator).needs_anchors and settings.lam != 0
 
 
+def reads_lines(settings: CreditSettings) -> bool:
+    """Whether the estimator reads line units (`lines.py`): a line-level estimator with lambda != 0."""
+    return get_estimator(settings.estimator).needs_lines and settings.lam != 0
+
+
 def compute_credit(steps: Sequence[StepInput], settings: CreditSettings | None = None) -> CreditResult:
     """Credit assignment of one batch of steps (any number of tasks and trajectories), steps 1-9.
 
@@ -105,7 +111,8 @@ def compute_credit(steps: Sequence[StepInput], settings: CreditSettings | None =
 def credit_units(steps: Sequence[StepInput], settings: CreditSettings | None = None, *, units: bool = True
                  ) -> CreditUnits:
     """Steps 1-8 of one batch. With units=False only steps 1-2 run: no sub-diffs, anchors or A^D (every
-    token's projected A^D is 0 and nothing is covered)."""
+    token's projected A^D is 0 and nothing is covered). Line units (`lines.py`) are computed when the
+    estimator reads them (`reads_lines`), whatever `units` says."""
     settings = settings or CreditSettings()
     diag = Diagnostics()
     timer = PhaseTimer(diag.seconds)
@@ -171,6 +178,13 @@ def credit_units(steps: Sequence[StepInput], settings: CreditSettings | None = N
         token_anchor = [np.full(s.n_tokens, -1, np.int64) for s in rows]
         changed_tokens = []  # unknown without the diffs (no estimator that skips units reads them)
 
+    lines = None
+    if reads_lines(settings):
+        with timer.phase("lines"):
+            lines = line_units(rows, task_index, traj_index, max_file_lines=settings.max_file_lines,
+                               max_diff_lines=settings.max_diff_lines, stats=stats)
+            diag.line_coverage = lines.n_covered_tokens / lines.n_changed_tokens if lines.n_changed_tokens else 0.0
+
     batch = EstimatorBatch(
         task_index=task_index,
         traj_index=traj_index,
@@ -187,6 +201,7 @@ def credit_units(steps: Sequence[StepInput], settings: CreditSettings | None = N
         anchor_task=np.array([task_of[a.task_id] for a in anchors], np.int64),
         token_anchor=token_anchor,
         changed_tokens=changed_tokens,
+        line_units=lines,
     )
     diag.caps = dict(stats)
     return CreditUnits(steps, rows, batch, candidates, subdiffs, anchors, diff_covered, diag)
@@ -203,7 +218,9 @@ def assign_advantages(units: CreditUnits, settings: CreditSettings | None = None
     with timer.phase("estimator"), _blas().limit(limits=1, user_api="blas"):
         output = spec.fn(units.batch, settings)
     diff_covered = units.diff_covered
-    if not reads_units(settings):
+    if units.batch.line_units is not None:  # the line units' changes, not the anchors, carry the diff term
+        diff_covered = [owner >= 0 for owner in units.batch.line_units.token_change]
+    elif not reads_units(settings):
         diff_covered = [np.zeros(s.n_tokens, bool) for s in units.rows]  # no diff-level term reached a token
     with timer.phase("tables"):
         result = _tables(units.steps, units.rows, units.candidates, units.subdiffs, units.anchors, output,

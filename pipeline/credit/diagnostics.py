@@ -25,6 +25,7 @@ class Diagnostics:
     n_changed_tokens: int = 0  # response tokens that wrote an added line or the search text of a deleted one
     n_diff_tokens: int = 0  # of those, tokens that received a diff-level advantage
     coverage: float = 0.0  # n_diff_tokens / n_changed_tokens (0 when nothing changed)
+    line_coverage: float = 0.0  # line-unit estimators: changed tokens whose change switched a unit
     caps: dict[str, int] = field(default_factory=dict)  # what the documented caps cut off, by cap name
     seconds: dict[str, float] = field(default_factory=dict)  # wall time per phase
 

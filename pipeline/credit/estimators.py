@@ -3,7 +3,8 @@
 Every estimator maps an `EstimatorBatch` (N rows of G trajectories of several tasks) to an
 `EstimatorOutput`: one episode-level advantage per row and per-token advantages per row (before the loss
 mask). Register a new one with `@register_estimator("name")`; a name can be registered once. Each declares
-whether it reads the diff-level units (`needs_anchors`: only then are sub-diffs and anchors computed for it)
+whether it reads the diff-level units (`needs_anchors`: only then are sub-diffs and anchors computed for it;
+`needs_lines`: the line units of `lines.py`, likewise)
 and its scope: "task" when a row's advantages depend only on rows of its own task group (so the batch can be
 split by task, as the Beam credit stage does), "batch" when they depend on the whole batch.
 
@@ -22,6 +23,7 @@ import numpy as np
 from pipeline.credit.advantages import group_center, trajectory_table
 
 if TYPE_CHECKING:
+    from pipeline.credit.lines import LineUnits
     from pipeline.credit.settings import CreditSettings
 
 
@@ -49,6 +51,7 @@ class EstimatorBatch:
         default_factory=list
     )  # N arrays [T_n] int: anchor whose projected occurrence covers the token, -1 none
     changed_tokens: list[np.ndarray] = field(default_factory=list)  # N arrays [T_n] bool: changed-code tokens
+    line_units: LineUnits | None = None  # for estimators that model line units (didpo_did): lines.LineUnits
 
 
 @dataclass(frozen=True)
@@ -69,12 +72,13 @@ class EstimatorSpec:
     fn: Estimator
     needs_anchors: bool  # reads the diff-level units (diff_advantage, anchors); none are computed otherwise
     scope: Scope  # "task": a row's advantages depend on its task group only; "batch": on the whole batch
+    needs_lines: bool = False  # reads the line units (line_units); computed only for such an estimator
 
 
 ESTIMATORS: dict[str, EstimatorSpec] = {}
 
 
-def register_estimator(name: str, needs_anchors: bool = False, scope: Scope = "task"
+def register_estimator(name: str, needs_anchors: bool = False, scope: Scope = "task", needs_lines: bool = False
                        ) -> Callable[[Estimator], Estimator]:
     """Decorator adding an estimator to ESTIMATORS; a duplicate name is refused."""
 
@@ -83,7 +87,7 @@ def register_estimator(name: str, needs_anchors: bool = False, scope: Scope = "t
             raise ValueError(
                 f"estimator {name!r} is already registered (by {ESTIMATORS[name].fn.__qualname__})"
             )
-        ESTIMATORS[name] = EstimatorSpec(name, fn, needs_anchors, scope)
+        ESTIMATORS[name] = EstimatorSpec(name, fn, needs_anchors, scope, needs_lines)
         return fn
 
     return add

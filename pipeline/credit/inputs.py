@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -148,6 +148,3 @@ def files_map(files: Iterable[Mapping[str, str]] | Mapping[str, str] | None) -> 
         return dict(files)
     return {str(f["path"]): str(f["text"]) for f in files}
 
-
-def as_array(values: Sequence[int] | np.ndarray | None) -> np.ndarray:
-    return np.zeros(0, np.int64) if values is None else np.asarray(values, dtype=np.int64)

@@ -13,10 +13,8 @@ from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
 GsForm = Literal["product", "log", "linear", "additive"]
 AdvNorm = Literal["mean_norm", "mean_std_norm"]
-DidOutcome = Literal["delta_visible", "return_to_go", "terminal"]
-DidControls = Literal["turn", "turn_trajectory", "none"]
-DidUnanchored = Literal["episode", "singleton"]
-DidGranularity = Literal["unit", "anchor"]
+DidOutcome = Literal["visible", "return"]
+DidControls = Literal["none", "turn"]
 
 
 class CreditSettings(BaseModel):
@@ -43,12 +41,10 @@ class CreditSettings(BaseModel):
     std_eps: float = 1e-6  # added to the std in mean_std_norm
     canonicalize_identifiers: bool = True  # rename locally bound identifiers to v0, v1, ... before comparing
     gigpo_omega: float = 1.0  # weight of GiGPO's step-level term
-    # didpo_did (pipeline/credit/did.py, docs/didpo_did.md): per-anchor effects by ridge regression
-    did_outcome: DidOutcome = "delta_visible"  # row outcome: change in visible pass fraction, R_t, or final
-    did_controls: DidControls = "turn"  # fixed effects: turn dummies (+ trajectory dummies), or an intercept
-    did_ridge: float = 1.0  # ridge strength on the anchor effects (fixed effects are not penalized), >= 0
-    did_unanchored: DidUnanchored = "episode"  # changed tokens outside anchors: A^E only, or a singleton term
-    did_granularity: DidGranularity = "unit"  # unit: anchors found in exactly the same rows share one effect
+    # didpo_did (pipeline/credit/did.py, docs/didpo_did.md): effects of line units on the workspace's outcome
+    did_outcome: DidOutcome = "visible"  # visible pass fraction after every step, or final workspace + return
+    did_controls: DidControls = "none"  # unpenalized columns: one intercept, or one dummy per turn
+    did_ridge: float = 1.0  # ridge strength on the unit effects (the controls are not penalized), >= 0
     did_shrink: bool = False  # multiply each effect by b^2 / (b^2 + se^2) (shrink what the data barely backs)
     seed: int = 1  # MinHash permutation seed (results are deterministic for a given seed)
     # Caps (documented bounds; what exceeds them gets episode-level credit only and is counted):

@@ -1,4 +1,5 @@
-"""didpo_did: known-answer effects, the closed-form solution, options, and what it leaves unchanged."""
+"""didpo_did: known-answer effects of line units, the closed-form solution, undoing a change, options, the
+outcome-only case, and what it leaves unchanged."""
 
 from __future__ import annotations
 
@@ -7,16 +8,18 @@ import dataclasses
 import numpy as np
 import pytest
 
-from pipeline.credit import CreditSettings, compute_credit, fit_effects
+from pipeline.credit import CreditSettings, compute_credit, credit_units, fit_effects
 from pipeline.credit.inputs import CreditInputError
+from pipeline.credit.normalize import comparison_tokens, normalize_line
 
 # A file with a bug on line 2 and a good line far below it (unchanged lines between keep hunks apart).
 BUGGY = "def f(xs):\n    total = 1\n    a = 0\n    b = 0\n    c = 0\n    return total + len(xs) * 2\n"
 FIX = ("    total = 1\n", "    total = 0\n")
 MUT = ("    return total + len(xs) * 2\n", "    return total - len(xs) * 2\n")
-EFFECT = {"F": 0.4, "M": -0.3}  # true change in visible pass fraction each edit causes
+EFFECT = {"F": 0.4, "M": -0.3, "U": 0.3}  # what each edit adds to the visible pass fraction (U undoes M)
 START = 0.3  # visible pass fraction of BUGGY: unknown to the estimator, common to every rollout
-# Per trajectory, per turn: which of F, M the action applies ("N<k>": a unique comment edit, no anchor).
+# Per trajectory, per turn: which edits the action applies ("N<k>": a harmless rewrite of "a = 0", unique to
+# its trajectory; "U": writes M's line back as it was).
 PLAN = {
     "a": [("F", "M"), ("N1",)],
     "b": [("F",), ("M",)],
@@ -24,6 +27,7 @@ PLAN = {
     "d": [("N2",), ("F", "M")],
     "e": [("M",), ("N3",)],
     "f": [("N4",), ("F",)],
+    "g": [("M",), ("U",)],
 }
 
 
@@ -32,11 +36,14 @@ def _edit(name: str, files: dict[str, str]) -> tuple[str, str, str, str]:
         return ("replace", "solution.py", *FIX)
     if name == "M":
         return ("replace", "solution.py", *MUT)
+    if name == "U":
+        return ("replace", "solution.py", MUT[1], MUT[0])
     return ("replace", "solution.py", "    a = 0\n", f"    a = len('{name}' * {name[1:]})  # note\n")
 
 
 def _known_batch(make_step, coef: float = 0.2):
-    """Steps of one task whose step improvements are exactly the sum of the applied edits' effects."""
+    """Steps of one task whose visible pass fraction is exactly START plus the effects of the edits the
+    workspace holds (additive in its lines)."""
     steps = []
     for traj, turns in PLAN.items():
         files = {"solution.py": BUGGY}
@@ -52,7 +59,7 @@ def _known_batch(make_step, coef: float = 0.2):
 
 def _mean_on(result, step, text: str) -> float:
     """Mean token advantage over the tokens of `text`'s first occurrence in the replace payload (the line's
-    code only: its indentation and newline are not part of any anchor)."""
+    code only: its indentation and newline are not part of the change's tokens)."""
     text = text.strip()
     start = step.response_text.index(text, step.response_text.index("<replace>"))
     end = start + len(text)
@@ -60,47 +67,65 @@ def _mean_on(result, step, text: str) -> float:
     return float(result.token_advantages(step.row_id)[tokens].mean())
 
 
+def _scale(result, y: np.ndarray, settings) -> float:
+    """What turns an effect on y into A^E's units: std of the returns (mean_norm) over the std of y."""
+    # A^E = R - mean R under mean_norm, one value per trajectory: its spread is the returns'
+    a_e = dict(zip(result.advantages["traj_id"], result.advantages["episode_advantage"], strict=True))
+    spread = 1.0 if settings.adv_norm == "mean_std_norm" else float(np.std(list(a_e.values())))
+    return spread / (float(y.std()) + settings.std_eps)
+
+
 def _effects(make_step, **options):
-    """(effect of F, effect of M, episode advantage per row) read back from the token advantages, lam = 1."""
+    """(credit on F's line, on M's line, on U's line, steps, result, scale) with lam = 1, the credit read back
+    from the token advantages (minus A^E)."""
     steps = _known_batch(make_step)
     settings = CreditSettings(estimator="didpo_did", lam=1.0, **options)
     result = compute_credit(steps, settings)
+    y = np.array([s.visible_pass_fraction for s in steps])
     a_e = dict(zip(result.advantages["row_id"], result.advantages["episode_advantage"], strict=True))
-    fx = [_mean_on(result, s, FIX[1]) - a_e[s.row_id] for s in steps if FIX[1] in s.response_text]
-    mx = [_mean_on(result, s, MUT[1]) - a_e[s.row_id] for s in steps if MUT[1] in s.response_text]
-    return fx, mx, steps, result
+
+    def credit(text, name):
+        return [_mean_on(result, s, text) - a_e[s.row_id] for s, names in _applied(steps) if name in names]
+
+    return credit(FIX[1], "F"), credit(MUT[1], "M"), credit(MUT[0], "U"), steps, result, _scale(result, y, settings)
 
 
-def _design(steps):
-    """Independent closed form: rows' y, anchor indicators [F, M, N] and turn dummies, in input order.
-    N: the deletion of "a = 0" that every note edit makes (4 rows: an anchor of its own)."""
-    y, d, turn = [], [], []
-    prev: dict[str, float] = {}
-    for s in steps:
-        y.append(s.visible_pass_fraction - prev.get(s.traj_id, 0.0))
-        prev[s.traj_id] = s.visible_pass_fraction
-        d.append([FIX[1] in s.response_text, MUT[1] in s.response_text, "a = len(" in s.response_text])
-        turn.append([s.turn == 0, s.turn == 1])
-    return np.array(y), np.array(d, float), np.array(turn, float)
+def _applied(steps):
+    plan = [names for turns in PLAN.values() for names in turns]
+    return list(zip(steps, plan, strict=True))
+
+
+def _units(files: dict[str, str]) -> set[tuple[str, str]]:
+    """Independent reading of the state: (kind, line) of every line added to or missing from BUGGY."""
+    def lines(text):
+        return {" ".join(comparison_tokens(n, False)) for line in text.splitlines() if (n := normalize_line(line))}
+    start, now = lines(BUGGY), lines(files["solution.py"])
+    return {("add", x) for x in now - start} | {("del", x) for x in start - now}
 
 
 def test_known_effects_recovered_exactly_without_ridge(make_step):
-    fx, mx, _, _ = _effects(make_step, did_ridge=0.0)
-    np.testing.assert_allclose(fx, EFFECT["F"], atol=1e-9)
-    np.testing.assert_allclose(mx, EFFECT["M"], atol=1e-9)
+    fx, mx, ux, _, _, scale = _effects(make_step, did_ridge=0.0)
+    np.testing.assert_allclose(fx, EFFECT["F"] * scale, atol=1e-9)
+    np.testing.assert_allclose(mx, EFFECT["M"] * scale, atol=1e-9)
+    # Undoing M switches M's units off: the undo is credited with what removing the harm gained
+    np.testing.assert_allclose(ux, EFFECT["U"] * scale, atol=1e-9)
 
 
 @pytest.mark.parametrize("ridge", [0.0, 0.5, 3.0])
 def test_effects_equal_the_closed_form_ridge_solution(make_step, ridge):
-    fx, mx, steps, _ = _effects(make_step, did_ridge=ridge)
-    y, d, turn = _design(steps)
-    # Frisch-Waugh: project the turn fixed effects out, then ridge on the residualized indicators.
-    annihilator = np.eye(len(y)) - turn @ np.linalg.pinv(turn)
-    dt, yt = annihilator @ d, annihilator @ y
-    expected = np.linalg.pinv(dt.T @ dt + ridge * np.eye(3)) @ dt.T @ yt
-    assert expected[0] > 0 > expected[1]
-    np.testing.assert_allclose(fx, expected[0], atol=1e-9)
-    np.testing.assert_allclose(mx, expected[1], atol=1e-9)
+    fx, mx, _, steps, result, scale = _effects(make_step, did_ridge=ridge)
+    states = [_units(s.files_after) for s in steps]
+    units = sorted(set().union(*states))
+    d = np.array([[u in state for u in units] for state in states], float)
+    y = np.array([s.visible_pass_fraction for s in steps])
+    # Frisch-Waugh: project the intercept out, then ridge on the centred indicators.
+    dt, yt = d - d.mean(axis=0), y - y.mean()
+    b = dict(zip(units, np.linalg.pinv(dt.T @ dt + ridge * np.eye(len(units))) @ dt.T @ yt, strict=True))
+    fix = b[("add", "total = 0")] + b[("del", "total = 1")]  # the rewritten line switches both
+    mut = b[("add", "return total - len ( xs ) * 2")] + b[("del", "return total + len ( xs ) * 2")]
+    assert fix > 0 > mut
+    np.testing.assert_allclose(fx, fix * scale, atol=1e-9)
+    np.testing.assert_allclose(mx, mut * scale, atol=1e-9)
 
 
 def test_fix_outranks_mutation_in_the_same_action(make_step):
@@ -121,36 +146,56 @@ def test_lambda_zero_is_the_episode_estimator(make_step):
         np.testing.assert_allclose(a, b, atol=1e-12)
 
 
-def test_unanchored_changes_episode_or_singleton(make_step):
+def test_a_change_that_switches_no_unit_keeps_the_episode_advantage(make_step):
+    """Writing a line the workspace already has (here: a spacing-only rewrite is no change at all) moves no
+    unit, so its tokens get A^E alone, and the table counts no diff-level token for it."""
     steps = _known_batch(make_step)
-    note = [s for s in steps if "# note" in s.response_text]
-    plain = compute_credit(steps, CreditSettings(estimator="didpo_did", did_unanchored="episode"))
-    single = compute_credit(steps, CreditSettings(estimator="didpo_did", did_unanchored="singleton"))
-    a_e = dict(zip(plain.advantages["row_id"], plain.advantages["episode_advantage"], strict=True))
-    moved = 0
-    for s in note:
-        text = s.response_text[s.response_text.index("a = len(") : s.response_text.index("  # note")]
-        assert _mean_on(plain, s, text) == pytest.approx(a_e[s.row_id])
-        moved += abs(_mean_on(single, s, text) - a_e[s.row_id]) > 1e-9
-    assert moved >= 1  # a note row whose step change the anchors and turn effects do not explain
+    step, _ = make_step("z0", "z", "demo/did", 0, 0.0, {"solution.py": BUGGY},
+                        [("replace", "solution.py", "    c = 0\n", "    c  =  0\n")])
+    steps.append(dataclasses.replace(step, visible_pass_fraction=START))
+    result = compute_credit(steps, CreditSettings(estimator="didpo_did"))
+    i = result.advantages["row_id"].index("z0")
+    np.testing.assert_allclose(result.advantages["token_advantages"][i], result.advantages["episode_advantage"][i])
+    assert result.advantages["n_diff_tokens"][i] == 0
+
+
+def test_line_units_are_relative_to_the_start_and_cover_written_and_quoted_lines(make_step):
+    steps = _known_batch(make_step)
+    units = credit_units(steps, CreditSettings(estimator="didpo_did"))
+    lines, row_of = units.batch.line_units, {s.row_id: r for r, s in enumerate(units.rows)}
+    # 2 + 2 units for F and M, del "a = 0", one add per note; U brings back a start line: no unit of its own
+    assert len(lines.unit_task) == 4 + 1 + 4
+    assert not any(row == row_of["g1"] for row, _ in lines.present.tolist())  # back to the start: none present
+    step = next(s for s in steps if s.row_id == "b0")
+    covered = lines.token_change[row_of["b0"]] >= 0
+    for text in ("total = 1", "total = 0"):  # the quoted (search) line and the written (replace) line
+        at = step.response_text.index(text)
+        tokens = (step.token_char_starts < at + len(text)) & (step.token_char_ends > at)
+        assert covered[tokens].all(), text
 
 
 def test_options_change_the_answer_but_keep_signs(make_step):
     for options in (
-        {"did_granularity": "anchor"},
-        {"did_controls": "turn_trajectory"},
-        {"did_controls": "none"},
+        {"did_controls": "turn"},
         {"did_shrink": True},
+        {"did_outcome": "return"},
+        {"adv_norm": "mean_std_norm"},
     ):
-        fx, mx, _, _ = _effects(make_step, **options)
-        assert min(fx) > 0 > max(mx), options
+        fx, mx, ux, _, _, _ = _effects(make_step, **options)
+        assert min(fx) > 0 > max(mx) and min(ux) > 0, options
 
 
-def test_falls_back_to_step_rewards_without_visible_fractions(make_step):
+def test_outcome_only_reads_the_final_workspaces(make_step):
+    """Without visible pass fractions, each trajectory's final workspace is one observation of its return:
+    the same as asking for did_outcome: return, and still F above M inside one action."""
     steps = [dataclasses.replace(s, visible_pass_fraction=None) for s in _known_batch(make_step)]
-    result = compute_credit(steps, CreditSettings(estimator="didpo_did", did_ridge=0.0))
-    f_adv = [_mean_on(result, s, FIX[1]) for s in steps if FIX[1] in s.response_text]
-    assert np.isfinite(f_adv).all()
+    blind = compute_credit(steps, CreditSettings(estimator="didpo_did"))
+    asked = compute_credit(_known_batch(make_step), CreditSettings(estimator="didpo_did", did_outcome="return"))
+    for a, b in zip(blind.advantages["token_advantages"], asked.advantages["token_advantages"], strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-12)
+    for s in steps:
+        if FIX[1] in s.response_text and MUT[1] in s.response_text:
+            assert _mean_on(blind, s, FIX[1]) > _mean_on(blind, s, MUT[1])
 
 
 def test_fit_effects_standard_errors_shrink_with_data():
