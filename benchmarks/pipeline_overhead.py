@@ -30,14 +30,13 @@ def main() -> None:
     from pipeline import schema
     from pipeline.config import load_config
     from pipeline.credit import assign_advantages, credit_units
-    from pipeline.credit_io import result_tables, steps_from_table
+    from pipeline.credit_io import CREDIT_TABLES, result_tables, steps_from_table
     from pipeline.policy.generation import TransformersGenerator
     from pipeline.policy.loading import load_policy, load_tokenizer
     from pipeline.policy.tiny import ensure_checkpoint
     from pipeline.rollout import run_rollouts, start_rollouts
-    from pipeline.run import policy_version, run_round
+    from pipeline.run import STAGES, policy_version, run_round
     from pipeline.sandbox import Judge, SandboxPool
-    from pipeline.sqlrun import sql_advantages
     from pipeline.tasks.settings import resolve_tasks
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -84,17 +83,12 @@ def main() -> None:
     by_task: dict[str, list] = {}
     for s in steps_from_table(table):
         by_task.setdefault(s.task_id, []).append(s)
-    for name in ("subdiffs", "anchors", "anchor_members"):
+    for name in CREDIT_TABLES:
         (loop_dir / name).mkdir(parents=True, exist_ok=True)
-    for i, group in enumerate(by_task.values()):
-        for name, tab in result_tables(assign_advantages(credit_units(group, cfg.credit), cfg.credit),
-                                       ("subdiffs", "anchors", "anchor_members")).items():
+    for i, group in enumerate(by_task.values()):  # the default estimator is task-scoped: per task, as Beam
+        for name, tab in result_tables(assign_advantages(credit_units(group, cfg.credit), cfg.credit)).items():
             schema.write_table(tab, loop_dir / name, name, part=i)
-    loop_stages["credit_units"] = time.perf_counter() - t
-    t = time.perf_counter()
-    adv = sql_advantages(loop_dir, lam=cfg.credit.lam, adv_norm=cfg.credit.adv_norm)
-    schema.write_table(adv, loop_dir / "advantages", "advantages")
-    loop_stages["advantages"] = time.perf_counter() - t
+    loop_stages["credit"] = time.perf_counter() - t
     loop_total = time.perf_counter() - start
 
     beam_steps = schema.read_table(schema.table_dir(beam_result.round_dir, "steps"), "steps")
@@ -104,7 +98,7 @@ def main() -> None:
                             f"{args.size} policy, one thread)")
     for col in ("stage", "beam s", "loop s", "ratio"):
         table_out.add_column(col, justify="right")
-    for stage in ("rollouts", "credit_units", "advantages"):
+    for stage in STAGES:
         b, lp = beam_stages.get(stage, float("nan")), loop_stages[stage]
         table_out.add_row(stage, f"{b:.2f}", f"{lp:.2f}", f"{b / lp:.2f}")
     table_out.add_row("total", f"{beam_total:.2f}", f"{loop_total:.2f}", f"{beam_total / loop_total:.2f}")

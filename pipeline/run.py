@@ -1,10 +1,10 @@
 """Stage 1 of DiDPO: one policy round of the Beam pipeline.
 
 1. ReadTasks -> Rollouts(turn 1..T: Prompt -> Generate (RunInference) -> Execute (sandbox)) -> WriteSteps
-2. ReadSteps -> CreditUnits(ToCreditInputs -> ShardByTask -> GroupAnchors) -> WriteTables
-3. Advantages: DuckDB SQL over the round's Parquet tables (the didpo estimator; the Python credit core for the
-   other estimators) -> advantages table
-4. manifest.json records each completed stage with the inputs it read (`STAGE_INPUTS`); a rerun skips
+2. ReadSteps -> Credit(ToCreditInputs -> ShardByScope -> CreditPerGroup) -> WriteTables: sub-diffs,
+   anchors and the advantages table the trainer reads, all from the one credit path (`pipeline.credit`);
+   the DuckDB SQL over the tables (`pipeline.sqlrun`) recomputes didpo's as a parity check and for analysis
+3. manifest.json records each completed stage with the inputs it read (`STAGE_INPUTS`); a rerun skips
    completed stages and redoes an interrupted one from scratch (its parts are deterministic), so a killed run
    finishes with exactly the same tables. A rerun whose inputs differ for a completed stage is refused.
 
@@ -34,17 +34,16 @@ from pipeline.policy.handlers import make_handler
 from pipeline.schema import RoundConflict
 from pipeline.tasks.base import Task
 from pipeline.telemetry import get_logger
-from pipeline.transforms.credit import DEAD, OUTPUTS, CreditUnits
+from pipeline.transforms.credit import DEAD, OUTPUTS, Credit
 from pipeline.transforms.rollouts import Rollouts
 from pipeline.transforms.tables import ReadTable, WriteTable
 
 log = get_logger(__name__)
 
-STAGES = ("rollouts", "credit_units", "advantages")
+STAGES = ("rollouts", "credit")
 STAGE_TABLES = {
     "rollouts": ("trajectories", "steps", "dead_letter"),
-    "credit_units": ("subdiffs", "anchors", "anchor_members"),
-    "advantages": ("advantages",),
+    "credit": (*OUTPUTS, "dead_letter"),
 }
 
 
@@ -60,9 +59,8 @@ class StageInputs(NamedTuple):
 STAGE_INPUTS: dict[str, StageInputs] = {
     "rollouts": StageInputs(("run.run_id", "run.seed", "policy", "episode", "sandbox", "pipeline.samples_per_task",
                              "pipeline.min_batch_size", "pipeline.max_batch_size", "credit.gamma")),
-    "credit_units": StageInputs(("credit",), ("rollouts",)),
-    "advantages": StageInputs(("credit",), ("rollouts",)),
-    "train": StageInputs(("train",), ("advantages",)),
+    "credit": StageInputs(("credit",), ("rollouts",)),
+    "train": StageInputs(("train",), ("credit",)),
     "eval": StageInputs(("eval", "run.seed", "policy", "episode", "sandbox", "pipeline.max_batch_size",
                          "credit.gamma"), ("train",)),
 }
@@ -134,11 +132,13 @@ def build_rollout_pipeline(options: PipelineOptions, cfg: DidpoConfig, tasks: Se
 
 
 def build_credit_pipeline(options: PipelineOptions, cfg: DidpoConfig, round_path: Path) -> beam.Pipeline:
-    """ReadSteps -> CreditUnits -> WriteSubdiffs / WriteAnchors / WriteAnchorMembers / WriteDeadLetters."""
+    """ReadSteps -> Credit -> WriteSubdiffs / WriteAnchors / WriteAnchorMembers / WriteAdvantages /
+    WriteDeadLetters."""
     p = beam.Pipeline(options=options)
-    units = p | "ReadSteps" >> ReadTable(round_path, "steps") | "CreditUnits" >> CreditUnits(cfg.credit)
+    units = p | "ReadSteps" >> ReadTable(round_path, "steps") | "Credit" >> Credit(cfg.credit)
     n = cfg.pipeline.num_shards
-    sort = {"subdiffs": "subdiff_id", "anchors": "anchor_id", "anchor_members": "subdiff_id"}
+    sort = {"subdiffs": "subdiff_id", "anchors": "anchor_id", "anchor_members": "subdiff_id",
+            "advantages": "row_id"}
     for name in OUTPUTS:
         label = "Write" + "".join(w.title() for w in name.split("_"))
         units[name] | label >> WriteTable(round_path, name, key_fn=lambda r: r["task_id"],
@@ -147,23 +147,6 @@ def build_credit_pipeline(options: PipelineOptions, cfg: DidpoConfig, round_path
     units[DEAD] | "WriteDeadLetters" >> WriteTable(round_path, "dead_letter", key_fn=lambda r: r.key,
                                                    num_shards=1, prefix="credit-")
     return p
-
-
-def compute_advantages(cfg: DidpoConfig, round_path: Path) -> int:
-    """The advantages table: DuckDB SQL for didpo (parity with the Python core is tested), else Python."""
-    if cfg.credit.estimator == "didpo":
-        from pipeline.sqlrun import sql_advantages
-
-        table = sql_advantages(round_path, lam=cfg.credit.lam, adv_norm=cfg.credit.adv_norm)
-    else:
-        from pipeline.credit import compute_credit
-        from pipeline.credit_io import result_tables, steps_from_table
-
-        steps = schema.read_table(schema.table_dir(round_path, "steps"), "steps")
-        table = result_tables(compute_credit(steps_from_table(steps, "steps"), cfg.credit), ("advantages",))[
-            "advantages"]
-    schema.write_table(table, schema.table_dir(round_path, "advantages"), "advantages")
-    return table.num_rows
 
 
 @dataclass
@@ -270,7 +253,7 @@ def run_round(cfg: DidpoConfig, round_k: int, checkpoint: str | Path, tasks: Seq
             for table in STAGE_TABLES[stage]:  # an interrupted stage restarts clean: its parts are deterministic
                 folder = schema.table_dir(round_path, table)
                 if table == "dead_letter":
-                    for f in folder.glob(f"part-{stage.split('_')[0]}-*.parquet"):
+                    for f in folder.glob(f"part-{stage}-*.parquet"):
                         f.unlink()
                 elif folder.exists():
                     shutil.rmtree(folder)
@@ -280,10 +263,8 @@ def run_round(cfg: DidpoConfig, round_k: int, checkpoint: str | Path, tasks: Seq
                 manifest.policy_checkpoint, manifest.seeds = version, {"root": cfg.run.seed}
                 build_rollout_pipeline(options, cfg, tasks, round_path, round_k, str(checkpoint), version).run(
                 ).wait_until_finish()
-            elif stage == "credit_units":
-                build_credit_pipeline(options, cfg, round_path).run().wait_until_finish()
             else:
-                compute_advantages(cfg, round_path)
+                build_credit_pipeline(options, cfg, round_path).run().wait_until_finish()
             for table in STAGE_TABLES[stage]:
                 schema.table_dir(round_path, table).mkdir(parents=True, exist_ok=True)  # empty = no rows
                 manifest.row_counts[table] = _count(round_path, table)

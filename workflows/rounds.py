@@ -55,6 +55,7 @@ class RoundRow:
 def run_rounds(cfg: DidpoConfig, rounds: int | None = None, console: Console | None = None) -> list[RoundRow]:
     from pipeline.config import config_hash
     from pipeline.run import (
+        STAGES,
         changed_inputs,
         check_stage,
         complete_stage,
@@ -107,7 +108,7 @@ def run_rounds(cfg: DidpoConfig, rounds: int | None = None, console: Console | N
             loss=statistics.fmean(losses) if losses else float("nan"),
             approx_kl=statistics.fmean(kls) if kls else float("nan"),
             heldout_pass_rate=evaluation["pass_rate"], heldout_invalid_rate=evaluation["invalid_rate"],
-            pipeline_s=sum(stage_s.get(s, 0.0) for s in ("rollouts", "credit_units", "advantages")),
+            pipeline_s=sum(stage_s.get(s, 0.0) for s in STAGES),
             train_s=stage_s.get("train", 0.0), eval_s=stage_s.get("eval", 0.0),
         ))
         policy = out

@@ -1,10 +1,12 @@
-"""Credit units on Beam: steps -> sub-diffs -> per-task LSH anchors.
+"""Credit on Beam: steps -> sub-diffs, per-task LSH anchors and the advantages the trainer reads.
 
-    steps | CreditUnits(settings) -> {"subdiffs", "anchors", "anchor_members", "dead_letter"}
+    steps | Credit(settings) -> {"subdiffs", "anchors", "anchor_members", "advantages", "dead_letter"}
 
     ToCreditInputs  steps-table rows -> the credit core's pure inputs (bad action records -> dead letter)
-    ShardByTask     key by task_id (anchors never cross tasks), deterministic grouping
-    GroupAnchors    per task: whole diffs, multi-scale sub-diffs, MinHash LSH, anchor selection, A^D
+    ShardByScope    key by task_id for a task-scoped estimator (anchors and advantages never cross tasks);
+                    one key for a batch-scoped one (its advantages read the whole batch)
+    CreditPerGroup  per key: `credit_units` (whole diffs, multi-scale sub-diffs, MinHash LSH, anchors, A^D)
+                    then `assign_advantages` (the estimator), the one credit path of `pipeline.credit`
 """
 
 from __future__ import annotations
@@ -16,13 +18,15 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 
 from pipeline.credit import CreditInputError, assign_advantages, credit_units
+from pipeline.credit.estimators import get_estimator
 from pipeline.credit.settings import CreditSettings
-from pipeline.credit_io import result_tables, step_input
+from pipeline.credit_io import CREDIT_TABLES, result_tables, step_input
 from pipeline.schema import DeadLetterRow, StepRow
 
 _NS = "didpo_credit"
-OUTPUTS = ("subdiffs", "anchors", "anchor_members")
+OUTPUTS = CREDIT_TABLES
 DEAD = "dead_letter"
+BATCH_KEY = "*"  # the one group of a batch-scoped estimator
 
 
 class ToCreditInputsFn(beam.DoFn):
@@ -37,21 +41,20 @@ class ToCreditInputsFn(beam.DoFn):
                                                                json.dumps(payload)))
 
 
-class GroupAnchorsFn(beam.DoFn):
-    """One task group at a time through the pure credit core."""
+class CreditPerGroupFn(beam.DoFn):
+    """One group (a task, or the whole batch) at a time through the pure credit core."""
 
     def __init__(self, settings: CreditSettings) -> None:
         self.settings = settings
 
     def process(self, item):
-        task_id, steps = item
+        key, steps = item
         try:
             # every estimator's units, not only those it reads: the tables are for analysis too
             result = assign_advantages(credit_units(list(steps), self.settings), self.settings)
         except CreditInputError as e:
             Metrics.counter(_NS, "bad_task_groups").inc()
-            yield beam.pvalue.TaggedOutput(DEAD, DeadLetterRow(task_id, "group_anchors", str(e),
-                                                               json.dumps({"task_id": task_id})))
+            yield beam.pvalue.TaggedOutput(DEAD, DeadLetterRow(key, "credit", str(e), json.dumps({"group": key})))
             return
         d = result.diagnostics
         Metrics.counter(_NS, "candidates").inc(d.n_candidates)
@@ -61,19 +64,20 @@ class GroupAnchorsFn(beam.DoFn):
                 yield beam.pvalue.TaggedOutput(name, row)
 
 
-class CreditUnits(beam.PTransform):
+class Credit(beam.PTransform):
     def __init__(self, settings: CreditSettings) -> None:
         super().__init__()
         self.settings = settings
 
     def expand(self, steps: beam.PCollection):
+        batch_wide = get_estimator(self.settings.estimator).scope == "batch"
         inputs = steps | "ToCreditInputs" >> beam.ParDo(ToCreditInputsFn()).with_outputs(DEAD, main="inputs")
-        units = (
+        groups = (
             inputs["inputs"]
-            | "ShardByTask" >> beam.Map(lambda s: (s.task_id, s))
-            | "GroupByTask" >> beam.GroupByKey()
-            | "GroupAnchors" >> beam.ParDo(GroupAnchorsFn(self.settings)).with_outputs(*OUTPUTS, DEAD)
+            | "ShardByScope" >> beam.Map(lambda s: (BATCH_KEY if batch_wide else s.task_id, s))
+            | "GroupByScope" >> beam.GroupByKey()
+            | "CreditPerGroup" >> beam.ParDo(CreditPerGroupFn(self.settings)).with_outputs(*OUTPUTS, DEAD)
         )
-        out = {name: units[name] for name in OUTPUTS}
-        out[DEAD] = (inputs[DEAD], units[DEAD]) | "CollectDeadLetters" >> beam.Flatten()
+        out = {name: groups[name] for name in OUTPUTS}
+        out[DEAD] = (inputs[DEAD], groups[DEAD]) | "CollectDeadLetters" >> beam.Flatten()
         return out

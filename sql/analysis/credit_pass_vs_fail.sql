@@ -1,8 +1,11 @@
--- Does the credit point the right way? Mean A^E and A^D on rollouts whose hidden tests pass (outcome 1)
--- versus fail (outcome 0): passing rollouts should get positive credit on average, failing ones negative.
+-- Does the credit point the right way? The advantages the trainer used (the stored `advantages` table, so
+-- the arm's own estimator, whichever it is) on rollouts whose hidden tests pass (outcome 1) versus fail
+-- (outcome 0): passing rollouts should get positive credit on average, failing ones negative. A row's
+-- diff-level term is its mean, over the tokens that received one (n_diff_tokens), of token advantage - A^E.
 WITH rows_with_outcome AS (
-    SELECT e.row_id, e.traj_id, e.episode_advantage, t.outcome
-    FROM advantages_episode AS e
+    SELECT a.row_id, a.traj_id, a.episode_advantage, a.n_diff_tokens, a.token_advantages, a.loss_mask,
+           t.outcome
+    FROM advantages AS a
     JOIN staging_trajectories AS t USING (traj_id)
 ),
 
@@ -24,15 +27,29 @@ episode_per_trajectory AS (
     GROUP BY outcome
 ),
 
+-- the two lists unnest side by side: one row per token
+token_terms AS (
+    SELECT row_id, outcome, n_diff_tokens, episode_advantage,
+           unnest(token_advantages) AS token_adv, unnest(loss_mask) AS kept
+    FROM rows_with_outcome
+    WHERE n_diff_tokens > 0
+),
+
+diff_rows AS (
+    SELECT row_id, outcome,
+           fsum(CASE WHEN kept = 1 THEN token_adv - episode_advantage ELSE 0 END) / any_value(n_diff_tokens)
+               AS diff_term
+    FROM token_terms
+    GROUP BY row_id, outcome
+),
+
 diff_level AS (
-    SELECT
-        r.outcome,
-        count(*)                                    AS n_occurrences,
-        favg(d.diff_advantage)                      AS mean_diff_adv,
-        avg((d.diff_advantage > 0)::INTEGER)        AS share_positive_diff_adv
-    FROM advantages_diff AS d
-    JOIN rows_with_outcome AS r USING (row_id)
-    GROUP BY r.outcome
+    SELECT outcome,
+           count(*)                                 AS n_rows_with_diff_term,
+           favg(diff_term)                          AS mean_diff_term,
+           avg((diff_term > 0)::INTEGER)            AS share_positive_diff_term
+    FROM diff_rows
+    GROUP BY outcome
 )
 
 SELECT
@@ -41,9 +58,9 @@ SELECT
     t.n_rows,
     e.mean_episode_adv_per_trajectory,
     t.mean_episode_adv_per_row,
-    coalesce(d.n_occurrences, 0)                    AS n_occurrences,
-    d.mean_diff_adv,
-    d.share_positive_diff_adv
+    coalesce(d.n_rows_with_diff_term, 0)            AS n_rows_with_diff_term,
+    d.mean_diff_term,
+    d.share_positive_diff_term
 FROM trajectory_level AS t
 JOIN episode_per_trajectory AS e USING (outcome)
 LEFT JOIN diff_level AS d USING (outcome)

@@ -127,7 +127,33 @@ def build_round(root: Path) -> Path:
     schema.write_table(subdiffs, schema.table_dir(rnd, "subdiffs"), "subdiffs")
     schema.write_table(anchors, schema.table_dir(rnd, "anchors"), "anchors")
     schema.write_table(members, schema.table_dir(rnd, "anchor_members"), "anchor_members")
+    write_advantages(rnd, "grpo")
     return rnd
+
+
+def write_advantages(rnd: Path, estimator: str) -> dict[str, list[float]]:
+    """The stored advantages table of an arm, as the trainer reads it: `grpo` (A^E with mean_std_norm on every
+    token) or `didpo` (lambda 1, mean_norm: the reference projection). Returns row_id -> token advantages."""
+    rows, out = [], {}
+    for t, task, rtgs, _ in TRAJECTORIES:
+        for k in range(len(rtgs)):
+            row = f"{t}t{k}"
+            if estimator == "grpo":
+                a_e = reference_episode("mean_std_norm")[row]
+                tokens, n_diff = [a_e] * N_TOK, 0
+            else:
+                a_e = reference_episode("mean_norm")[row]
+                tokens, n_diff = reference_tokens(row, 1.0, "mean_norm")
+            tokens = [float(np.float32(x)) for x in tokens]
+            out[row] = tokens
+            rows.append({"row_id": row, "traj_id": t, "task_id": task, "estimator": estimator, "lam": 1.0,
+                         "episode_advantage": a_e, "token_advantages": tokens, "loss_mask": [1] * N_TOK,
+                         "n_diff_tokens": n_diff})
+    folder = schema.table_dir(rnd, "advantages")
+    if folder.exists():
+        shutil.rmtree(folder)
+    schema.write_table(rows, folder, "advantages")
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -217,6 +243,48 @@ def test_every_layer_and_analysis_query_runs(round_path: Path) -> None:
     by_outcome = {r["outcome"]: r for r in results["credit_pass_vs_fail"].to_pylist()}
     assert by_outcome[1.0]["n_trajectories"] == 1 and by_outcome[0.0]["n_trajectories"] == 3
     assert by_outcome[1.0]["mean_episode_adv_per_trajectory"] > 0 > by_outcome[0.0]["mean_episode_adv_per_trajectory"]
+
+
+def _pass_vs_fail(rnd: Path) -> dict[float, dict]:
+    con = connect_round(rnd)
+    try:
+        return {r["outcome"]: r for r in query_table(con, "credit_pass_vs_fail", rnd).to_pylist()}
+    finally:
+        con.close()
+
+
+def test_credit_pass_vs_fail_reports_what_a_grpo_arm_trained_on(round_path: Path) -> None:
+    """The analysis reads the stored table: for a grpo arm, its A^E (mean_std_norm), not the SQL layer's
+    recomputation of didpo's (mean_norm), which differs here."""
+    stored = schema.read_table(schema.table_dir(round_path, "advantages"), "advantages").to_pylist()
+    outcome = {t: o for t, _, _, o in TRAJECTORIES}
+    per_traj = {r["traj_id"]: r["episode_advantage"] for r in stored}
+    report = _pass_vs_fail(round_path)
+    recomputed = reference_episode("mean_norm")
+    for o in (0.0, 1.0):
+        trajs = [t for t in per_traj if outcome[t] == o]
+        expected = float(np.mean([per_traj[t] for t in trajs]))
+        assert report[o]["mean_episode_adv_per_trajectory"] == pytest.approx(expected, abs=1e-6)
+        assert report[o]["mean_episode_adv_per_trajectory"] != pytest.approx(
+            float(np.mean([recomputed[f"{t}t0"] for t in trajs])), abs=1e-3)
+        assert report[o]["n_rows_with_diff_term"] == 0  # grpo: one advantage per row
+
+
+def test_credit_pass_vs_fail_diff_term_is_the_stored_tables(round_path: Path, tmp_path: Path) -> None:
+    rnd = tmp_path / "round"
+    shutil.copytree(round_path, rnd)
+    tokens = write_advantages(rnd, "didpo")
+    outcome = {t: o for t, _, _, o in TRAJECTORIES}
+    report = _pass_vs_fail(rnd)
+    for o in (0.0, 1.0):
+        terms = []
+        for row, values in tokens.items():
+            _, n_diff = reference_tokens(row, 1.0, "mean_norm")
+            if outcome[row.split("t")[0]] == o and n_diff:
+                a_e = float(np.float32(reference_episode("mean_norm")[row]))
+                terms.append(sum(v - a_e for v in values) / n_diff)
+        assert report[o]["n_rows_with_diff_term"] == len(terms) > 0
+        assert report[o]["mean_diff_term"] == pytest.approx(float(np.mean(terms)), abs=1e-5)
 
 
 def test_coverage_counts_changed_and_anchored_tokens(round_path: Path) -> None:

@@ -20,7 +20,7 @@ from pipeline.policy.settings import PolicySettings
 from pipeline.rollout import row_id
 from pipeline.sandbox.settings import SandboxSettings
 from pipeline.tasks import load_source
-from pipeline.transforms.credit import DEAD, CreditUnits
+from pipeline.transforms.credit import DEAD, Credit
 from pipeline.transforms.rollouts import Rollouts
 from pipeline.transforms.tables import ReadTable, WriteTable, shard_of
 
@@ -84,12 +84,12 @@ def test_write_table_is_deterministic(tmp_path):
 
 
 @pytest.mark.slow
-def test_credit_units_groups_shared_changes_per_task_and_routes_bad_rows():
+def test_credit_groups_shared_changes_per_task_and_routes_bad_rows():
     rows = [_step("t/1", i, FIX, 1.0) for i in range(3)] + [_step("t/1", 3, OTHER, 0.0)]
     rows += [_step("t/2", i, FIX, float(i % 2)) for i in range(4)]
     bad = dataclasses.replace(_step("t/2", 9, FIX, 1.0), action_json="{not json")
     with _pipeline() as p:
-        out = p | beam.Create([*rows, bad]) | CreditUnits(CreditSettings())
+        out = p | beam.Create([*rows, bad]) | Credit(CreditSettings())
         anchors = out["anchors"] | "AnchorTasks" >> beam.Map(lambda a: (a["task_id"], a["n_rows"] >= 2))
         assert_that(anchors | beam.Distinct(), equal_to([("t/1", True), ("t/2", True)]), label="anchors")
         members = out["anchor_members"] | beam.Map(lambda m: m["row_id"]) | "Rows" >> beam.Distinct()
@@ -98,6 +98,28 @@ def test_credit_units_groups_shared_changes_per_task_and_routes_bad_rows():
                     equal_to(["add", "del"]), label="subdiffs")
         assert_that(out[DEAD] | beam.Map(lambda d: (d.key, d.stage)), equal_to([(bad.row_id, "credit_inputs")]),
                     label="dead")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("estimator", ["didpo", "reinforce_pp_baseline"])
+def test_credit_advantages_equal_the_core_on_the_whole_batch(estimator):
+    """Per task for a task-scoped estimator, in one group for a batch-scoped one: either way the advantages
+    Beam writes are those of `compute_credit` over the whole batch."""
+    from pipeline.credit import compute_credit
+    from pipeline.credit_io import step_input
+
+    rows = [_step("t/1", i, FIX, float(i % 2)) for i in range(3)] + [_step("t/1", 3, OTHER, 0.0)]
+    rows += [_step("t/2", i, FIX, float(i > 1)) for i in range(4)]
+    settings = CreditSettings(estimator=estimator)
+    whole = compute_credit([step_input(dataclasses.asdict(r), source="steps") for r in rows], settings)
+    expected = {rid: [round(float(x), 5) for x in tokens]
+                for rid, tokens in zip(whole.advantages["row_id"], whole.advantages["token_advantages"],
+                                       strict=True)}
+    assert len({tuple(v) for v in expected.values()}) > 1  # not a degenerate batch
+    with _pipeline() as p:
+        out = p | beam.Create(rows) | Credit(settings)
+        got = out["advantages"] | beam.Map(lambda a: (a["row_id"], [round(float(x), 5) for x in a["token_advantages"]]))
+        assert_that(got, equal_to(sorted(expected.items())), label="advantages")
 
 
 @pytest.mark.slow
