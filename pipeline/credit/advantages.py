@@ -38,3 +38,17 @@ def trajectory_table(traj: np.ndarray, task: np.ndarray, episode_return: np.ndar
     traj_task[traj] = task
     traj_return[traj] = episode_return
     return traj_task, traj_return
+
+
+def whiten(values: np.ndarray, mean: float, std: float, eps: float) -> np.ndarray:
+    """(values - mean) / (std + eps): a batch-scoped estimator's last step, with the batch's statistics of one
+    value per trajectory (`trajectory_moments`), however the batch was split to compute them."""
+    return (np.asarray(values, np.float64) - mean) / (std + eps)
+
+
+def moments_stats(count: float, total: float, squares: float) -> tuple[float, float]:
+    """(mean, population std) from (count, sum, sum of squares); (0, 0) for nothing."""
+    if count <= 0:
+        return 0.0, 0.0
+    mean = total / count
+    return mean, float(np.sqrt(max(squares / count - mean * mean, 0.0)))

@@ -25,7 +25,7 @@ from functools import cache, partial
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
-from pipeline.credit.advantages import group_center
+from pipeline.credit.advantages import group_center, moments_stats, whiten
 from pipeline.credit.anchors import Cluster, cut_overlaps, facility_location, groupability
 from pipeline.credit.diagnostics import Diagnostics, PhaseTimer
 from pipeline.credit.diffs import whole_diff
@@ -207,16 +207,21 @@ def credit_units(steps: Sequence[StepInput], settings: CreditSettings | None = N
     return CreditUnits(steps, rows, batch, candidates, subdiffs, anchors, diff_covered, diag)
 
 
-def assign_advantages(units: CreditUnits, settings: CreditSettings | None = None) -> CreditResult:
-    """Step 9: the estimator turns the units into token advantages; the loss mask applies. One BLAS thread:
-    the estimators' solves are many and small, where more threads only cost (didpo_did's took 37-303 ms
-    per batch with the default threads here, 15-17 ms with one)."""
+def assign_advantages(units: CreditUnits, settings: CreditSettings | None = None, *, whiten: bool = True
+                      ) -> CreditResult:
+    """Step 9: the estimator turns the units into token advantages; the loss mask applies. A batch-scoped
+    estimator's advantages are whitened over the trajectories of `units` (whiten=False leaves that to a
+    caller that holds only part of the batch: the Beam credit stage). One BLAS thread: the estimators'
+    solves are many and small, where more threads only cost (37-303 ms per batch with the default threads
+    here, 15-17 ms with one)."""
     settings = settings or CreditSettings()
     diag = units.diagnostics
     timer = PhaseTimer(diag.seconds)
     spec = get_estimator(settings.estimator)
     with timer.phase("estimator"), _blas().limit(limits=1, user_api="blas"):
         output = spec.fn(units.batch, settings)
+        if spec.scope == "batch" and whiten:
+            output = _whitened(output, units.batch.traj_index, settings.std_eps)
     diff_covered = units.diff_covered
     if units.batch.line_units is not None:  # the line units' changes, not the anchors, carry the diff term
         diff_covered = [owner >= 0 for owner in units.batch.line_units.token_change]
@@ -229,6 +234,15 @@ def assign_advantages(units: CreditUnits, settings: CreditSettings | None = None
     diag.seconds.pop("total", None)
     diag.seconds["total"] = sum(diag.seconds.values())
     return result
+
+
+def _whitened(output: EstimatorOutput, traj_index: np.ndarray, eps: float) -> EstimatorOutput:
+    """The output whitened with the mean and std of one episode advantage per trajectory."""
+    first = np.unique(traj_index, return_index=True)[1]
+    values = output.episode_advantage[first]
+    mean, std = moments_stats(len(values), float(values.sum()), float((values**2).sum()))
+    return EstimatorOutput(whiten(output.episode_advantage, mean, std, eps),
+                           [whiten(t, mean, std, eps) for t in output.token_advantages])
 
 
 @cache

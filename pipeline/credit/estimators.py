@@ -6,7 +6,8 @@ mask). Register a new one with `@register_estimator("name")`; a name can be regi
 whether it reads the diff-level units (`needs_anchors`: only then are sub-diffs and anchors computed for it;
 `needs_lines`: the line units of `lines.py`, likewise)
 and its scope: "task" when a row's advantages depend only on rows of its own task group (so the batch can be
-split by task, as the Beam credit stage does), "batch" when they depend on the whole batch.
+split by task, as the Beam credit stage does), "batch" when its task-relative advantages are then whitened
+over the batch (`assign_advantages` does it; the Beam stage with a combine of one value per trajectory).
 
 Notation: R_i episode return of trajectory i; G_task its task group; R_t return-to-go of a row;
 norm(.) the group-relative advantage of `advantages.group_center` (mean_norm or mean_std_norm).
@@ -71,7 +72,7 @@ class EstimatorSpec:
     name: str
     fn: Estimator
     needs_anchors: bool  # reads the diff-level units (diff_advantage, anchors); none are computed otherwise
-    scope: Scope  # "task": a row's advantages depend on its task group only; "batch": on the whole batch
+    scope: Scope  # "task": a row's advantages depend on its task group only; "batch": then whitened over the batch
     needs_lines: bool = False  # reads the line units (line_units); computed only for such an estimator
 
 
@@ -134,12 +135,10 @@ def rloo(batch: EstimatorBatch, settings: CreditSettings) -> EstimatorOutput:
 
 @register_estimator("reinforce_pp_baseline", scope="batch")
 def reinforce_pp_baseline(batch: EstimatorBatch, settings: CreditSettings) -> EstimatorOutput:
-    """REINFORCE++ with baseline: a_i = R_i - mean_{G_task} R, then whitened over all trajectories of the
-    batch: A_i = (a_i - mean_batch a) / (std_batch a + eps)."""
+    """REINFORCE++ with baseline: a_i = R_i - mean_{G_task} R here; its batch scope then whitens it over all
+    trajectories of the batch: A_i = (a_i - mean_batch a) / (std_batch a + eps)."""
     traj_task, traj_return = trajectory_table(batch.traj_index, batch.task_index, batch.episode_return)
-    centered = group_center(traj_return, traj_task, "mean_norm")
-    whitened = group_center(centered, np.zeros(len(centered), np.int64), "mean_std_norm", settings.std_eps)
-    return _broadcast(batch, whitened[batch.traj_index])
+    return _broadcast(batch, group_center(traj_return, traj_task, "mean_norm")[batch.traj_index])
 
 
 @register_estimator("gigpo")

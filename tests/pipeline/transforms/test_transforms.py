@@ -103,8 +103,8 @@ def test_credit_groups_shared_changes_per_task_and_routes_bad_rows():
 @pytest.mark.slow
 @pytest.mark.parametrize("estimator", ["didpo", "reinforce_pp_baseline"])
 def test_credit_advantages_equal_the_core_on_the_whole_batch(estimator):
-    """Per task for a task-scoped estimator, in one group for a batch-scoped one: either way the advantages
-    Beam writes are those of `compute_credit` over the whole batch."""
+    """Per task, and for a batch-scoped estimator whitened with a global combine of one value per
+    trajectory: either way the advantages Beam writes are those of `compute_credit` over the whole batch."""
     from pipeline.credit import compute_credit
     from pipeline.credit_io import step_input
 
