@@ -24,12 +24,13 @@ from pathlib import Path
 
 import typer
 
-from pipeline.config import ConfigError, load_config, to_yaml
+from pipeline.config import to_yaml
 from workflows.credit_cmd import credit
 from workflows.env_cmd import episode_cmd, exec_cmd
 from workflows.errors import DidpoGroup, UserError
 from workflows.eval_cmd import eval_cmd
 from workflows.model_cmd import model_app
+from workflows.options import ConfigOpt, SetOpt, load_or_exit
 from workflows.pipeline_cmd import pipeline_app
 from workflows.report import report_cmd
 from workflows.sft_cmd import sft
@@ -51,20 +52,6 @@ app.command("eval")(eval_cmd)
 app.command("report")(report_cmd)
 app.add_typer(pipeline_app, name="pipeline")
 
-ConfigOpt = typer.Option(None, "--config", "-c", help="YAML config (default: configs/local.yaml)")
-SetOpt = typer.Option([], "--set", help="override a key: --set credit.lam=0.6 (repeatable)")
-
-
-def load_or_exit(config: Path | None, overrides: list[str]):
-    """Load the config, or refuse it with the explanation (a UserError: exit 2)."""
-    try:
-        return load_config(config, overrides)
-    except ConfigError as e:
-        raise UserError(str(e)) from None
-    except UnicodeDecodeError:
-        raise UserError(f"config file {config}: not UTF-8 text") from None
-    except OSError as e:  # a folder, an unreadable file
-        raise UserError(f"config file {e.filename}: {e.strerror}") from None
 
 
 @config_app.command("show")

@@ -1,13 +1,14 @@
 """`didpo credit --steps STEPS --out DIR`: re-run credit assignment on a steps table.
 
 Reads a steps table (a Parquet file or a folder of parts; the data contract), runs `pipeline.credit`
-(`credit_units`, then `assign_advantages`) with the given settings and writes the subdiffs, anchors,
+(`credit_units`, then `assign_advantages`) with the config's `credit` section and writes the subdiffs, anchors,
 anchor_members and advantages tables under DIR (DIR/<table>/part-00000.parquet) plus DIR/credit_diagnostics.json. Users
 re-run credit assignment with other settings without regenerating rollouts. DIR is written in a temp folder
 next to it and moved into place when complete, replacing an earlier credit output there; a failure leaves no
 half-written DIR.
 
-    didpo credit --steps runs/local/round=0/steps --out /tmp/credit --estimator didpo --lambda 1.2
+    didpo credit --steps runs/local/round=0/steps --out /tmp/credit --set credit.estimator=didpo_did \
+        --set credit.lam=1.2
 """
 
 from __future__ import annotations
@@ -17,13 +18,13 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from pydantic import ValidationError
 
-from pipeline.credit import CreditInputError, CreditResult, CreditSettings, assign_advantages, credit_units
+from pipeline.credit import CreditInputError, CreditResult, assign_advantages, credit_units
 from pipeline.credit_io import CREDIT_TABLES as OUTPUT_TABLES
 from pipeline.credit_io import result_tables, steps_from_table
 from pipeline.schema import SchemaError, atomic_folder, atomic_write, read_table, write_table
 from workflows.errors import UserError
+from workflows.options import ConfigOpt, SetOpt, load_or_exit
 
 __all__ = ["OUTPUT_TABLES", "credit", "result_tables", "steps_from_table", "write_credit"]
 
@@ -39,41 +40,11 @@ def write_credit(result: CreditResult, out: Path) -> None:
 def credit(
     steps: Annotated[Path, typer.Option("--steps", help="steps table: a Parquet file or a folder of parts")],
     out: Annotated[Path, typer.Option("--out", help="output folder for the four tables and diagnostics")],
-    estimator: Annotated[str, typer.Option(help="registered estimator")] = "didpo",
-    lam: Annotated[float, typer.Option("--lambda", help="weight of the diff-level term")] = 1.0,
-    gamma: Annotated[float, typer.Option(help="discount of returns")] = 0.95,
-    eta: Annotated[float, typer.Option(help="exact similarity a cluster member needs")] = 0.8,
-    adv_norm: Annotated[str, typer.Option(help="mean_norm or mean_std_norm")] = "mean_norm",
-    gs_form: Annotated[str, typer.Option(help="product, log, linear or additive")] = "product",
-    max_anchors: Annotated[int, typer.Option(help="K: anchors per task at most")] = 32,
-    canonicalize: Annotated[
-        bool, typer.Option(help="rename locally bound identifiers before comparing")
-    ] = True,
-    settings_json: Annotated[
-        str | None, typer.Option(help="more CreditSettings fields as JSON, e.g. '{\"window_sizes\": [2, 4]}'")
-    ] = None,
+    config: Path | None = ConfigOpt,
+    overrides: list[str] = SetOpt,
 ) -> None:
     """Re-run credit assignment on a steps table; write subdiffs, anchors, anchor_members, advantages."""
-    try:
-        extra = json.loads(settings_json) if settings_json else {}
-        settings = CreditSettings(
-            estimator=estimator,
-            lam=lam,
-            gamma=gamma,
-            eta=eta,
-            adv_norm=adv_norm,
-            gs_form=gs_form,
-            max_anchors_per_task=max_anchors,
-            canonicalize_identifiers=canonicalize,
-            **extra,
-        )
-    except ValidationError as e:
-        problems = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'settings'}: {err['msg']}" for err in e.errors())
-        typer.echo(f"invalid credit settings: {problems}", err=True)
-        raise typer.Exit(2) from None
-    except (json.JSONDecodeError, TypeError) as e:
-        typer.echo(f"invalid credit settings: --settings-json: {e}", err=True)
-        raise typer.Exit(2) from None
+    settings = load_or_exit(config, overrides).credit
     # `out` is replaced whole: never a file or a folder that holds anything but an earlier credit output
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out}: exists and is not a folder")

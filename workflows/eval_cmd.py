@@ -25,6 +25,7 @@ from rich.table import Table
 
 from pipeline.config import DidpoConfig
 from pipeline.evaluation import SummaryRow
+from workflows.options import ConfigOpt, SetOpt, load_or_exit
 
 DEFAULT_BENCHMARKS = "humaneval,humanevalplus,mbppplus,humanevalfix"
 
@@ -102,13 +103,12 @@ def eval_cmd(
     limit: int | None = typer.Option(None, min=1, help="first N tasks of each benchmark"),
     on_overlap: str = typer.Option("exclude", help="tasks posing a training problem: exclude | error"),
     out: Path | None = typer.Option(None, help="results folder (default: <run.root>/<run.run_id>/eval)"),
-    config: Path | None = typer.Option(None, "--config", "-c", help="YAML config (default: configs/local.yaml)"),
-    overrides: list[str] = typer.Option([], "--set", help="override a config key (repeatable)"),
+    config: Path | None = ConfigOpt,
+    overrides: list[str] = SetOpt,
 ) -> None:
     """Benchmark pass@1 / pass@k with multi-turn self-repair episodes in the sandbox."""
     from pipeline.evaluation import default_ks, parse_benchmarks
     from pipeline.policy.loading import check_checkpoint
-    from workflows.cli import load_or_exit
 
     cfg = load_or_exit(config, overrides)
     try:

@@ -17,6 +17,7 @@ import typer
 
 from pipeline.policy.loading import CheckpointError, check_checkpoint, checkpoint_parameters, load_tokenizer
 from pipeline.policy.tiny import SIZES, build_checkpoint
+from workflows.options import ConfigOpt, SetOpt, load_or_exit
 
 SizeName = Enum("SizeName", {name: name for name in SIZES}, type=str)  # --size choices, from the presets
 
@@ -80,8 +81,8 @@ def info(path: Annotated[Path, typer.Argument(help="checkpoint directory")]) -> 
 @model_app.command("pretrain")
 def pretrain(
     out: Annotated[Path, typer.Option("--out", help="work folder: stages/ (resumable) and final/ (the base)")],
-    config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML config (its `pretrain` section)")] = None,
-    overrides: Annotated[list[str] | None, typer.Option("--set", help="override a key: --set pretrain.seed=1")] = None,
+    config: Path | None = ConfigOpt,
+    overrides: list[str] = SetOpt,
     threads: Annotated[int, typer.Option("--threads", min=1, help="torch CPU threads")] = 1,
 ) -> None:
     """Build a model from scratch and pretrain it to copy from its context (docs/pretraining.md)."""
@@ -95,9 +96,8 @@ def pretrain(
     from pipeline.policy.loading import CheckpointError
     from pipeline.telemetry import configure
     from training.pretrain import pretrain as run_pretrain
-    from workflows.cli import load_or_exit
 
-    cfg = load_or_exit(config, list(overrides or []))
+    cfg = load_or_exit(config, overrides)
     configure(cfg.logging.level)
     torch.set_num_threads(threads)
     command = "didpo " + " ".join(shlex.quote(a) for a in sys.argv[1:])

@@ -6,14 +6,16 @@ from pathlib import Path
 
 import typer
 
-pipeline_app = typer.Typer(no_args_is_help=True, help="Run the Beam pipeline (rollouts -> credit -> advantages).")
+from workflows.options import ConfigOpt, SetOpt, load_or_exit
+
+pipeline_app = typer.Typer(no_args_is_help=True, help="Run the Beam pipeline (rollouts -> credit).")
 
 
 @pipeline_app.command("run", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def run_cmd(
     ctx: typer.Context,
-    config: Path | None = typer.Option(None, "--config", "-c", help="YAML config (default: configs/local.yaml)"),
-    overrides: list[str] = typer.Option([], "--set", help="override a config key: --set a.b=c (repeatable)"),
+    config: Path | None = ConfigOpt,
+    overrides: list[str] = SetOpt,
     round_k: int = typer.Option(0, "--round", min=0, help="policy round k"),
     checkpoint: Path | None = typer.Option(None, help="policy checkpoint (default: policy.checkpoint)"),
     runner: str | None = typer.Option(None, help="Beam runner: FnApiRunner, DirectRunner, DataflowRunner, ..."),
@@ -22,7 +24,6 @@ def run_cmd(
     from pipeline.policy.loading import check_checkpoint
     from pipeline.run import RoundConflict, resolve_policy, run_round
     from pipeline.tasks.settings import resolve_tasks
-    from workflows.cli import load_or_exit
     from workflows.summary import print_round_summary
 
     if runner:

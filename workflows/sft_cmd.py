@@ -16,12 +16,14 @@ from typing import Annotated
 
 import typer
 
+from workflows.options import ConfigOpt, SetOpt, load_or_exit
+
 
 def sft(
     checkpoint: Annotated[Path, typer.Option("--checkpoint", help="policy checkpoint to fine-tune")],
     out: Annotated[Path, typer.Option("--out", help="folder of the fine-tuned checkpoint (new or empty)")],
-    config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML config")] = None,
-    overrides: Annotated[list[str] | None, typer.Option("--set", help="override a key: --set sft.lr=1e-3")] = None,
+    config: Path | None = ConfigOpt,
+    overrides: list[str] = SetOpt,
     threads: Annotated[int, typer.Option("--threads", min=1, help="torch CPU threads")] = 1,
     evaluate: Annotated[bool, typer.Option("--eval/--no-eval", help="measure the valid-action rate")] = True,
 ) -> None:
@@ -34,9 +36,8 @@ def sft(
     from pipeline.policy.loading import CheckpointError, check_checkpoint
     from pipeline.telemetry import configure
     from training.sft import run_cold_start
-    from workflows.cli import load_or_exit
 
-    cfg = load_or_exit(config, list(overrides or []))
+    cfg = load_or_exit(config, overrides)
     configure(cfg.logging.level)
     torch.set_num_threads(threads)
     try:

@@ -2,7 +2,7 @@
 
     didpo sql --list                                        queries and the question each answers
     didpo sql reward_by_turn --run runs/local               print (latest round of the run)
-    didpo sql advantages_diff --run runs/local/round=0 --adv-norm mean_std_norm --out adv_diff.parquet
+    didpo sql advantages_diff --run runs/local/round=0 --set credit.adv_norm=mean_std_norm --out adv_diff.parquet
     didpo sql my_query.sql --run runs/local --out result.csv
 """
 
@@ -22,6 +22,7 @@ from rich.table import Table
 from pipeline import schema
 from pipeline.schema import SchemaError
 from pipeline.sqlrun import (
+    SQL_PARAMS,
     Query,
     SqlError,
     available_queries,
@@ -29,11 +30,10 @@ from pipeline.sqlrun import (
     find_query,
     resolve_round,
     run_query,
-    sql_params,
 )
+from workflows.options import ConfigOpt, SetOpt, load_or_exit
 
 OUT_FORMATS = (".csv", ".parquet")
-_DEFAULTS = sql_params()  # CreditSettings' defaults: one source of truth
 
 
 def _cell(value: object) -> str:
@@ -109,9 +109,8 @@ def sql(
         "--out", "-o", help="write every row to FILE.csv or FILE.parquet")] = None,
     limit: Annotated[int, typer.Option("--limit", "-n", min=0, help="rows to print")] = 50,
     list_queries: Annotated[bool, typer.Option("--list", help="list the available queries and exit")] = False,
-    adv_norm: Annotated[str, typer.Option(
-        "--adv-norm", help="advantage normalisation: mean_norm or mean_std_norm")] = _DEFAULTS["adv_norm"],
-    lam: Annotated[float, typer.Option("--lam", help="lambda, weight of A^D (params.lam)")] = _DEFAULTS["lam"],
+    config: Path | None = ConfigOpt,
+    overrides: list[str] = SetOpt,
 ) -> None:
     """Run a DuckDB query (sql/ or a file) against a round's Parquet tables and print or save the result."""
     console = Console()
@@ -121,6 +120,7 @@ def sql(
     if name_or_file is None or run is None:
         typer.echo("usage: didpo sql NAME|FILE --run DIR  (didpo sql --list shows the queries)", err=True)
         raise typer.Exit(2)
+    credit = load_or_exit(config, overrides).credit  # the `params` table: adv_norm, std_eps, lam
     if out is not None and out.suffix not in OUT_FORMATS:
         typer.echo(f"--out {out}: unknown format {out.suffix!r}; use one of {', '.join(OUT_FORMATS)}", err=True)
         raise typer.Exit(2)
@@ -128,7 +128,7 @@ def sql(
         query = find_query(name_or_file)
         round_dir = resolve_round(run)
         _refuse_empty_inputs(query, round_dir)
-        result = run_query(round_dir, name_or_file, {"adv_norm": adv_norm, "lam": lam})
+        result = run_query(round_dir, name_or_file, {k: getattr(credit, k) for k in SQL_PARAMS})
     except (SqlError, SchemaError) as e:
         typer.echo(f"didpo sql: {e}", err=True)
         raise typer.Exit(1) from None

@@ -47,7 +47,8 @@ SOURCES: Mapping[str, Loader] = MappingProxyType(
         "mbppplus": load_mbppplus,
         "humanevalfix": load_humanevalfix,
         "exercism": load_exercism,
-        "repair": load_repair,  # minted by `didpo tasks make-repair` from the others: no bundled file
+        # minted by `didpo tasks make-repair` from the others (no bundled file); rebuilt through this registry
+        "repair": lambda path: load_repair(path, load_source),
     }
 )
 

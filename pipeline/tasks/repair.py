@@ -17,7 +17,7 @@ In the spirit of SWE-smith (mutate working code to mint repair tasks), but at fu
    sandbox says each of its bugs alone fails the visible tests and so does the whole set; infrastructure
    errors stop the run instead of deciding anything.
 3. The result is a list of `RepairRecipe`s: a task file stores recipes (source task, file, bugs), not copies
-   of tests, and `load_repair(path)` rebuilds each task from its source, refusing a recipe whose original
+   of tests, and `load_repair(path, load_source)` rebuilds each task from its source, refusing a recipe whose original
    lines are not in the source any more. The bugs live in `meta["bugs"]`, which no prompt renders.
 
 Splits are by source program (`problem_split`: a hash of the problem key, so every bug set of one program
@@ -252,11 +252,10 @@ class _RecipeRow(RowModel):
     seed: int
 
 
-def load_repair(path: Path) -> list[Task]:
+def load_repair(path: Path, load_source: Callable[[str, str | None], list[Task]]) -> list[Task]:
     """Tasks of a repair task file (`make_repair_tasks` recipes, one JSON object per line), each rebuilt
-    from its source task; a recipe whose source task or original lines are gone is refused with its line."""
-    from pipeline.tasks import load_source
-
+    from its source task (`load_source(source, path)`: the task registry, passed in because the registry
+    holds this loader too); a recipe whose source task or original lines are gone is refused with its line."""
     cache: dict[tuple[str, str | None], dict[str, Task]] = {}
 
     def convert(row: _RecipeRow) -> Task:

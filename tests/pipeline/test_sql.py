@@ -504,7 +504,7 @@ def test_cli_prints_lists_and_writes(round_path: Path, tmp_path: Path) -> None:
 
     pq_out = tmp_path / "diff.parquet"
     wrote = runner.invoke(app, ["sql", "advantages_diff", "--run", str(round_path), "--out", str(pq_out),
-                                "--adv-norm", "mean_std_norm"])
+                                "--set", "credit.adv_norm=mean_std_norm"])
     assert wrote.exit_code == 0, wrote.output
     got = {(r["anchor_id"], r["row_id"]): r["diff_advantage"] for r in pq.read_table(pq_out).to_pylist()}
     assert got == pytest.approx(reference_diff("mean_std_norm"), abs=1e-6)

@@ -7,13 +7,12 @@ import math
 
 import numpy as np
 import pytest
-import typer
 from builders import step_row
 from typer.testing import CliRunner
 
 from pipeline.credit import CreditSettings, compute_credit
 from pipeline.schema import read_table, to_arrow, write_table
-from workflows.credit_cmd import credit, steps_from_table
+from workflows.credit_cmd import steps_from_table
 
 
 def _step_row(step) -> dict:
@@ -60,15 +59,16 @@ def steps_dir(tmp_path, same_function_batch):
     return folder
 
 
-def _app() -> typer.Typer:
-    app = typer.Typer()
-    app.command()(credit)
+def _app():
+    """The real `didpo` app (its error mapping: a UserError exits 2 with its message); args start "credit"."""
+    from workflows.cli import app
+
     return app
 
 
 def test_command_writes_the_four_tables_matching_the_library(tmp_path, steps_dir, same_function_batch):
     out = tmp_path / "credit"
-    run = CliRunner().invoke(_app(), ["--steps", str(steps_dir), "--out", str(out), "--lambda", "0.5"])
+    run = CliRunner().invoke(_app(), ["credit", "--steps", str(steps_dir), "--out", str(out), "--set", "credit.lam=0.5"])
     assert run.exit_code == 0, run.output
     advantages = read_table(out / "advantages", "advantages").to_pylist()
     expected = compute_credit(same_function_batch, CreditSettings(lam=0.5))
@@ -92,15 +92,14 @@ def test_steps_from_table_round_trips_the_pure_inputs(steps_dir, same_function_b
 
 
 def test_command_refuses_bad_settings_and_bad_rows(tmp_path, steps_dir, same_function_batch):
-    run = CliRunner().invoke(
-        _app(), ["--steps", str(steps_dir), "--out", str(tmp_path / "o"), "--estimator", "ppo"]
+    run = CliRunner().invoke(_app(), ["credit", "--steps", str(steps_dir), "--out", str(tmp_path / "o"), "--set", "credit.estimator=ppo"]
     )
     assert run.exit_code == 2 and "unknown estimator 'ppo'" in run.output
     rows = [_step_row(s) for s in same_function_batch]
     rows[2]["step_reward"] = float("nan")
     bad = tmp_path / "bad"
     write_table(to_arrow("steps", rows), bad, "steps")
-    run = CliRunner().invoke(_app(), ["--steps", str(bad), "--out", str(tmp_path / "o")])
+    run = CliRunner().invoke(_app(), ["credit", "--steps", str(bad), "--out", str(tmp_path / "o")])
     assert run.exit_code == 1 and "row 'r2'" in run.output and "step_reward" in run.output
     assert not (tmp_path / "o").exists()
 
@@ -110,7 +109,7 @@ def test_a_failure_midway_leaves_no_half_written_output(tmp_path, steps_dir, mon
     import workflows.credit_cmd as credit_cmd
 
     out = tmp_path / "credit"
-    assert CliRunner().invoke(_app(), ["--steps", str(steps_dir), "--out", str(out)]).exit_code == 0
+    assert CliRunner().invoke(_app(), ["credit", "--steps", str(steps_dir), "--out", str(out)]).exit_code == 0
     before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
     written = []
 
@@ -121,7 +120,7 @@ def test_a_failure_midway_leaves_no_half_written_output(tmp_path, steps_dir, mon
         return write_table(table, folder, name)
 
     monkeypatch.setattr(credit_cmd, "write_table", write_then_fail)
-    run = CliRunner().invoke(_app(), ["--steps", str(steps_dir), "--out", str(out), "--lambda", "0.5"])
+    run = CliRunner().invoke(_app(), ["credit", "--steps", str(steps_dir), "--out", str(out), "--set", "credit.lam=0.5"])
     assert run.exit_code != 0 and written
     assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before  # untouched
     assert sorted(p.name for p in tmp_path.iterdir()) == ["credit", "steps"]  # no temp folder left behind
@@ -131,9 +130,9 @@ def test_a_rerun_replaces_an_earlier_output_and_an_unwritable_out_is_one_line(tm
     from workflows.cli import main
 
     out = tmp_path / "credit"
-    assert CliRunner().invoke(_app(), ["--steps", str(steps_dir), "--out", str(out), "--lambda", "0.5"]).exit_code == 0
+    assert CliRunner().invoke(_app(), ["credit", "--steps", str(steps_dir), "--out", str(out), "--set", "credit.lam=0.5"]).exit_code == 0
     (out / "advantages" / "part-00009.parquet").write_bytes(b"stale")  # a leftover the rerun must not keep
-    assert CliRunner().invoke(_app(), ["--steps", str(steps_dir), "--out", str(out)]).exit_code == 0
+    assert CliRunner().invoke(_app(), ["credit", "--steps", str(steps_dir), "--out", str(out)]).exit_code == 0
     assert not (out / "advantages" / "part-00009.parquet").exists()
     assert math.isclose(read_table(out / "advantages", "advantages").column("lam")[0].as_py(), 1.0)
 
