@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from pipeline.sandbox.judge import EXEC_STATUSES, CaseResult, ExecResult, Judge, outputs_equal
+from pipeline.sandbox.judge import EXEC_STATUSES, CaseResult, ExecResult, Judge
 from pipeline.sandbox.pool import BWRAP, FALLBACK, InfraError, SandboxPool
 from pipeline.sandbox.settings import SandboxSettings
 
 __all__ = ["BWRAP", "EXEC_STATUSES", "FALLBACK", "CaseResult", "ExecResult", "InfraError", "Judge",
-           "SandboxPool", "SandboxSettings", "outputs_equal"]
+           "SandboxPool", "SandboxSettings"]

@@ -10,11 +10,11 @@ import sys
 
 import pytest
 
-from pipeline.sandbox import InfraError, Judge, SandboxPool, SandboxSettings, _worker, outputs_equal
+from pipeline.sandbox import InfraError, Judge, SandboxPool, SandboxSettings, _worker
 from pipeline.sandbox._worker import NotPlain, decode, encode
-from pipeline.sandbox.judge import OUTPUT_CHECKS, output_matches
 from pipeline.tasks import load_source
 from pipeline.tasks.base import Task, TestSuite
+from pipeline.tasks.checks import OUTPUT_CHECKS, output_matches, outputs_equal
 
 GOOD = "def add(a, b):\n    return a + b\n"
 
