@@ -111,10 +111,33 @@ def run_rounds(cfg: DidpoConfig, rounds: int | None = None, console: Console | N
             pipeline_s=sum(stage_s.get(s, 0.0) for s in STAGES),
             train_s=stage_s.get("train", 0.0), eval_s=stage_s.get("eval", 0.0),
         ))
-        policy = out
+        policy = round_policy(cfg, k + 1)  # = out
     write_rounds_table(rows, run_dir)
     print_rounds_table(rows, console)
     return rows
+
+
+SFT_DIR = "sft"  # <run>/sft: the cold-started policy 0
+
+
+def round_policy(cfg: DidpoConfig, k: int) -> Path | None:
+    """The policy round k samples with, the one rule `didpo round`, `didpo compare` and the Airflow DAG follow:
+    round k-1's update (round=<k-1>/policy); for k = 0 the SFT cold start (<run>/sft) when sft.enabled, else
+    None: the configured `policy.checkpoint` (`pipeline.run.resolve_policy`). Raises ValueError naming what to
+    run first when that policy does not exist yet."""
+    run_dir = Path(cfg.run.root) / cfg.run.run_id
+    if k > 0:
+        policy = run_dir / f"round={k - 1}" / "policy"
+        if not policy.is_dir():
+            raise ValueError(f"round {k} samples with {policy}, which does not exist: run round {k - 1} first")
+        return policy
+    if not cfg.sft.enabled:
+        return None
+    policy = run_dir / SFT_DIR
+    if not policy.is_dir():
+        raise ValueError(f"sft.enabled: cold-start the policy first (`didpo sft --out {policy}`), "
+                         "or set sft.enabled=false")
+    return policy
 
 
 def cold_start(cfg: DidpoConfig, policy: Path, eval_tasks, run_dir: Path, console: Console) -> Path:
@@ -123,7 +146,7 @@ def cold_start(cfg: DidpoConfig, policy: Path, eval_tasks, run_dir: Path, consol
         return policy
     from training.sft import run_cold_start
 
-    out = run_dir / "sft"
+    out = run_dir / SFT_DIR
     report = run_cold_start(cfg, policy, out, eval_tasks)
     valid = report.evaluation["valid_rate"] if report.evaluation else float("nan")
     console.print(f"[bold]SFT[/] {out}: {report.n_examples} demonstrations, {report.total_steps} steps, loss "

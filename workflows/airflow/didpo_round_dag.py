@@ -114,24 +114,22 @@ ROUND = "{{ params.round }}"
 NEXT_POLICY = f"{RUN_DIR}/round={ROUND}/policy"
 
 # Validates the config and publishes, as JSON on the last stdout line (the XCom), the run folder and the
-# policy round k samples with: what `didpo round` would use, so that it accepts the pipeline's tables later
-# (round k-1's update; for k = 0 the SFT cold start when sft.enabled, else policy.checkpoint). run.root must be
+# policy round k samples with (`workflows.rounds.round_policy`, the rule `didpo round` follows, so that it
+# accepts the pipeline's tables later; null = policy.checkpoint). run.root must be
 # absolute: the tasks run in different working directories (the Beam operator's is not DIDPO_HOME).
 RESOLVE_SCRIPT = """
 import json, os, sys
 from pipeline.config import load_config
+from workflows.rounds import round_policy
 k, c = int(sys.argv[1]), load_config(sys.argv[2], sys.argv[3:])
 if not os.path.isabs(c.run.root):
     sys.exit(f"run.root {c.run.root!r} is relative: scheduled tasks need an absolute (shared) path")
+try:
+    policy = round_policy(c, k)
+except ValueError as e:
+    sys.exit(str(e))
 run = os.path.join(c.run.root, c.run.run_id)
-policy = os.path.join(run, f"round={k - 1}", "policy") if k else None
-if k == 0 and c.sft.enabled:
-    policy = os.path.join(run, "sft")
-    if not os.path.isdir(policy):
-        sys.exit(f"sft.enabled: cold-start the policy first (`didpo sft --out {policy}`), or set sft.enabled=false")
-if policy and not os.path.isdir(policy):
-    sys.exit(f"round {k} samples with {policy}, which does not exist: run round {k - 1} first")
-print(json.dumps({"run_dir": run, "policy": policy}))
+print(json.dumps({"run_dir": run, "policy": None if policy is None else str(policy)}))
 """
 RESOLVE_COMMAND = (f"cd {HOME_SH} && {PYTHON_SH} -c {shlex.quote(RESOLVE_SCRIPT)} {{{{ params.round }}}} "
                    "{{ in_home(params.config) | q }} {{ params.overrides | map('q') | join(' ') }}")
