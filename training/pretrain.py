@@ -25,6 +25,7 @@ tasks a caller holds out for evaluation.
 from __future__ import annotations
 
 import builtins
+import functools
 import io
 import keyword
 import random
@@ -149,6 +150,46 @@ def mosaic_files(files: Sequence[tuple[str, str]], n: int, seed: int, max_lines:
             for i in range(n)]
 
 
+def library_files(n: int, seed: int, max_lines: int = 20) -> list[tuple[str, str]]:
+    """`n` functions of the Python standard library's own source (at most `max_lines` lines each, top-level
+    functions and methods, dedented; paths lib_<i>.py), drawn by seed from every one there is. Real code of
+    every kind, shipped with the interpreter (so offline), and far too much to learn by heart: quoting from
+    it needs looking. Deterministic for a given interpreter and seed."""
+    if n <= 0:
+        return []
+    texts = _library_functions(max_lines)
+    picked = random.Random(seed).sample(texts, min(n, len(texts)))
+    return [(f"lib_{i}.py", text) for i, text in enumerate(picked)]
+
+
+@functools.lru_cache(maxsize=4)
+def _library_functions(max_lines: int) -> list[str]:
+    """Every distinct function of at most `max_lines` lines in the standard library's source, in path order
+    (site-packages, tests, idlelib and lib2to3 left out)."""
+    import ast
+    import sysconfig
+    import textwrap
+    from pathlib import Path
+
+    root = Path(sysconfig.get_paths()["stdlib"])
+    found: dict[str, None] = {}
+    for path in sorted(root.rglob("*.py")):
+        if {"site-packages", "test", "tests", "idlelib", "lib2to3"} & set(path.relative_to(root).parts):
+            continue
+        try:
+            source = path.read_text(encoding="utf-8")
+            tree = ast.parse(source)
+        except (SyntaxError, UnicodeDecodeError, ValueError, OSError):
+            continue
+        lines = source.splitlines()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno is not None:
+                start = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+                if node.end_lineno - start + 1 <= max_lines:
+                    found.setdefault(textwrap.dedent("\n".join(lines[start - 1:node.end_lineno])) + "\n")
+    return list(found)
+
+
 def pretrain_examples(files: Sequence[tuple[str, str]], tokenizer: Any, *, n: int, seed: int,
                       mix: Mapping[str, float] = DEFAULT_PRETRAIN_MIX, max_tokens: int = 1024) -> list[SftExample]:
     """`n` rows (fewer if files cannot supply them), each a seeded kind on a seeded file; deterministic for
@@ -270,14 +311,15 @@ def pretrain(settings: Any, work_dir: Any, *, command: str = "") -> dict[str, An
     for i, stage in enumerate(settings.stages, start=1):
         short = [(p, t) for p, t in files if stage.max_file_lines is None or len(t.splitlines()) <= stage.max_file_lines]
         mosaic = mosaic_files(short, stage.mosaic_files, settings.seed + i, stage.max_file_lines or 40)
-        rows = _rows_for(stage, short + mosaic, tokenizer, settings.seed + i)
+        library = library_files(stage.library_files, settings.seed + i, stage.max_file_lines or 40)
+        rows = _rows_for(stage, short + mosaic + library, tokenizer, settings.seed + i)
         sft = SftSettings(lr=stage.lr, schedule=stage.schedule, adam_betas=stage.adam_betas,
                           warmup_steps=stage.warmup_steps, max_steps=stage.steps, epochs=100,
                           max_tokens_per_batch=stage.max_tokens_per_batch, seed=settings.seed + i)
         report = train_sft(previous, root / "stages" / f"{i}-{stage.name}", rows, sft)
         previous = Path(report.out_dir)
         stages.append({"name": stage.name, "steps": report.total_steps, "files": len(short),
-                       "mosaic_files": len(mosaic), "rows": len(rows), "first_loss": report.first_loss,
+                       "mosaic_files": len(mosaic), "library_files": len(library), "rows": len(rows), "first_loss": report.first_loss,
                        "final_loss": report.final_loss, "train_s": report.wall.get("train_s")})
     n = settings.eval_questions
     abilities = {kind: copy_accuracy(previous, held_out, n=n, seed=settings.seed, kind=kind)

@@ -39,6 +39,9 @@ class PretrainStage(BaseModel):
     mosaic_files: int = Field(
         0, ge=0, description="extra files of random lines of the stage's files (training/pretrain.py "
         "`mosaic_files`): nothing in them to learn by heart, so copying from them needs looking")
+    library_files: int = Field(
+        0, ge=0, description="extra files: functions of the Python standard library's own source of at most "
+        "max_file_lines lines (training/pretrain.py `library_files`), varied real code that ships offline")
 
     @field_validator("mix")
     @classmethod

@@ -18,6 +18,7 @@ from training.pretrain import (
     REPORT_NAME,
     copy_task,
     induction_row,
+    library_files,
     mosaic_files,
     ordinary_ids,
     pretrain,
@@ -159,6 +160,24 @@ def test_mosaic_files_are_seeded_new_orders_of_known_lines():
         mosaic_files([("e.py", "\n")], 1, seed=0)
 
 
+def test_library_files_are_seeded_short_parsable_functions_of_the_standard_library():
+    import ast
+    import inspect
+    import textwrap
+
+    made = library_files(40, seed=2, max_lines=12)
+    assert made == library_files(40, seed=2, max_lines=12) != library_files(40, seed=3, max_lines=12)
+    assert [p for p, _ in made] == [f"lib_{i}.py" for i in range(40)]
+    for _, text in made:
+        assert len(text.splitlines()) <= 12
+        tree = ast.parse(text)  # a whole function, dedented
+        assert isinstance(tree.body[0], ast.FunctionDef | ast.AsyncFunctionDef)
+    # real standard-library code: a short stdlib function is among everything there is to draw from
+    every = {text for _, text in library_files(100_000, seed=0, max_lines=12)}
+    assert textwrap.dedent(inspect.getsource(inspect.isgeneratorfunction)) in every
+    assert library_files(0, seed=0) == []
+
+
 @pytest.mark.slow
 def test_stages_train_in_order_resume_and_measure_on_held_out_files(tmp_path):
     import hashlib
@@ -173,11 +192,11 @@ def test_stages_train_in_order_resume_and_measure_on_held_out_files(tmp_path):
         stages=(PretrainStage(name="induction", mix={"induction": 1.0}, steps=3, warmup_steps=1,
                               max_tokens_per_batch=512),
                 PretrainStage(name="short", mix={"quote_line": 1.0, "quote_many": 1.0}, steps=2, warmup_steps=1,
-                              max_tokens_per_batch=1024, max_file_lines=12, mosaic_files=30,
+                              max_tokens_per_batch=1024, max_file_lines=12, mosaic_files=30, library_files=20,
                               schedule="constant", adam_betas=(0.8, 0.9))))
     report = pretrain(settings, tmp_path, command="test")
     assert [s["name"] for s in report["stages"]] == ["induction", "short"]
-    assert [s["mosaic_files"] for s in report["stages"]] == [0, 30]
+    assert [(s["mosaic_files"], s["library_files"]) for s in report["stages"]] == [(0, 0), (30, 20)]
     sft = json.loads((tmp_path / "stages" / "2-short" / "sft_report.json").read_text())["settings"]
     assert (sft["schedule"], sft["adam_betas"], sft["lr"]) == ("constant", [0.8, 0.9], 2e-3)
     assert all(s["steps"] == n for s, n in zip(report["stages"], (3, 2), strict=True))
