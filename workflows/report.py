@@ -3,7 +3,7 @@
 1. Every `--run` is one estimator arm; its rounds are the `round=<k>` folders (the data contract's tables).
 2. Per round and arm, from the tables: mean episode return, rollout pass rate (rollouts lost to sandbox
    failures count as not passing), rollouts lost to sandbox failures, invalid-action rate, anchors and
-   coverage (`sql/analysis/coverage_per_task.sql`); the held-out pass rate from the round's manifest
+   coverage (`summary.credit_coverage`: changed tokens whose stored advantage has a diff-level term); the held-out pass rate from the round's manifest
    (`eval` stage of `didpo round`) and the benchmark table of `didpo eval` (round=<k>/eval/) when there.
 3. Figures (matplotlib, Agg): reward and pass-rate curves per round and arm, advantage distributions
    (per row A^E and per token), anchor group sizes and GS histograms, coverage per round.
@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 import typer
 
 from pipeline import schema
-from workflows.summary import rollout_counts
+from workflows.summary import credit_coverage, rollout_counts
 
 _ROUND_DIR = re.compile(r"^round=(\d+)$")
 REQUIRED = ("trajectories", "steps")  # a round without these has nothing to report
@@ -53,7 +53,7 @@ class RoundData:
     path: Path
     tables: dict[str, list[dict[str, Any]]]
     heldout_pass_rate: float | None  # the `eval` stage of `didpo round`, when recorded
-    coverage: float | None  # anchored / changed response tokens (None when no token wrote a change)
+    coverage: float | None  # `summary.credit_coverage`: changed tokens with a diff-level term (None: no change)
     benchmarks: list[dict[str, Any]] = field(default_factory=list)  # round=<k>/eval/eval_summary.parquet rows
 
     def rows(self, name: str) -> list[dict[str, Any]]:
@@ -98,8 +98,6 @@ def _mean(values) -> float:
 
 
 def _read_round(path: Path, k: int) -> RoundData:
-    from pipeline.sqlrun import run_query
-
     tables = {}
     for name in (*REQUIRED, *OPTIONAL):
         folder = schema.table_dir(path, name)
@@ -115,10 +113,8 @@ def _read_round(path: Path, k: int) -> RoundData:
     except (FileNotFoundError, ValueError):
         pass  # a round folder written by hand (no manifest) still reports its tables
     coverage = None
-    if tables["steps"] and "subdiffs" in tables and "anchors" in tables:
-        rows = run_query(path, "coverage_per_task").to_pylist()
-        changed = sum(r["changed_tokens"] for r in rows)
-        coverage = sum(r["anchored_tokens"] for r in rows) / changed if changed else None
+    if tables["steps"] and "subdiffs" in tables and "advantages" in tables:
+        coverage = credit_coverage(path, tables["advantages"])
     summary = path / "eval" / "eval_summary.parquet"  # `didpo eval --out round=<k>/eval` (the Airflow DAG)
     benchmarks = pq.read_table(summary).to_pylist() if summary.is_file() else []
     return RoundData(k, path, tables, heldout, coverage, benchmarks)
@@ -260,13 +256,15 @@ def coverage_figure(arms: Sequence[Arm]) -> Figure | None:
             ax.plot(*zip(*points, strict=True), "o-", color=f"C{i}", label=arm.name)
     if not drawn:
         return None
-    ax.set(title="coverage of changed code by anchors", xlabel="round", ylabel="share of tokens", ylim=(0, 1.02))
+    ax.set(title="coverage of changed code by diff-level credit", xlabel="round", ylabel="share of tokens",
+           ylim=(0, 1.02))
     ax.xaxis.get_major_locator().set_params(integer=True)
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     return Figure("coverage", "Coverage",
-                  "Response tokens that wrote a change and fall inside an anchored occurrence, i.e. the tokens "
-                  "whose advantage is A^E + lambda A^D instead of A^E alone (sql/analysis/coverage_per_task.sql).",
+                  "Response tokens that wrote a change and whose stored advantage has a diff-level term (A^E + "
+                  "lambda x a diff term instead of A^E alone): the paper's anchors for didpo, line units for "
+                  "didpo_did, none for grpo.",
                   _png(fig))
 
 

@@ -30,7 +30,7 @@ class RoundSummary:
     subdiffs: int
     anchors: int
     mean_anchor_rows: float
-    coverage: float  # share of changed-code tokens that received a diff-level advantage
+    coverage: float  # share of changed-code tokens whose stored advantage has a diff-level term (any estimator)
     mixed_groups: float  # share of task groups whose rollouts' outcomes differ (A^E != 0 somewhere)
     mean_adv_by_outcome: dict[str, float]  # mean token advantage on passing / failing rollouts
     stage_seconds: dict[str, float] = field(default_factory=dict)
@@ -44,9 +44,17 @@ def rollout_counts(trajs: list[dict], dead: list[dict]) -> tuple[int, int, int]:
     return sum(t["outcome"] == 1.0 for t in trajs), len(trajs) + lost, lost
 
 
-def round_summary(round_dir: str | Path) -> RoundSummary:
+def credit_coverage(round_dir: str | Path, advantages: list[dict]) -> float | None:
+    """Share of the response tokens that wrote a change (the sub-diffs' tokens) whose stored advantage has a
+    diff-level term (`n_diff_tokens`): what the trainer's credit covered, whichever estimator wrote it (the
+    paper's anchors, didpo_did's lines, none for grpo). None when no token wrote a change."""
     from pipeline.sqlrun import run_query
 
+    changed = sum(r["changed_tokens"] for r in run_query(round_dir, "coverage_per_task").to_pylist())
+    return sum(a["n_diff_tokens"] for a in advantages) / changed if changed else None
+
+
+def round_summary(round_dir: str | Path) -> RoundSummary:
     rd = Path(round_dir)
 
     def read(name: str) -> list[dict]:
@@ -62,9 +70,7 @@ def round_summary(round_dir: str | Path) -> RoundSummary:
     for t in trajs:
         outcomes.setdefault(t["task_id"], set()).add(t["outcome"])
     lost_tasks = {json.loads(d["payload_json"])["task_id"] for d in dead if d["stage"] == schema.SANDBOX_LOST}
-    coverage_rows = run_query(rd, "coverage_per_task").to_pylist() if steps else []
-    changed = sum(r["changed_tokens"] for r in coverage_rows)
-    anchored = sum(r["anchored_tokens"] for r in coverage_rows)
+    coverage = credit_coverage(rd, adv) if steps else None
     outcome_of = {t["traj_id"]: t["outcome"] for t in trajs}
     sums: dict[str, list[float]] = {"passing": [0.0, 0], "failing": [0.0, 0]}
     for a in adv:
@@ -81,7 +87,7 @@ def round_summary(round_dir: str | Path) -> RoundSummary:
         invalid_rate=status.get("invalid_action", 0) / n_steps,
         subdiffs=manifest.row_counts.get("subdiffs", 0), anchors=len(anchors),
         mean_anchor_rows=sum(a["n_rows"] for a in anchors) / max(len(anchors), 1),
-        coverage=anchored / changed if changed else 0.0,
+        coverage=coverage or 0.0,
         mixed_groups=sum(len(v) > 1 for v in outcomes.values()) / max(len(outcomes), 1),
         mean_adv_by_outcome={k: (v[0] / v[1] if v[1] else 0.0) for k, v in sums.items()},
         stage_seconds={k: v.get("seconds", 0.0) for k, v in manifest.stages.items()},
@@ -104,7 +110,7 @@ def print_round_summary(round_dir: str | Path, console: Console | None = None) -
     table.add_row("invalid actions", f"{s.invalid_rate:.2%} of {s.steps} steps")
     table.add_row("credit units", f"{s.subdiffs} sub-diffs, {s.anchors} anchors "
                                   f"(mean {s.mean_anchor_rows:.1f} rows each)")
-    table.add_row("coverage", f"{s.coverage:.2%} of changed-code tokens got a diff-level advantage")
+    table.add_row("coverage", f"{s.coverage:.2%} of changed-code tokens got a diff-level term")
     table.add_row("mixed-outcome groups", f"{s.mixed_groups:.2%} of task groups")
     table.add_row("mean token advantage", ", ".join(f"{k} {v:+.3f}" for k, v in s.mean_adv_by_outcome.items()))
     table.add_row("wall time by stage", ", ".join(f"{k} {v:.1f}s" for k, v in s.stage_seconds.items()))

@@ -287,6 +287,23 @@ def test_credit_pass_vs_fail_diff_term_is_the_stored_tables(round_path: Path, tm
         assert report[o]["mean_diff_term"] == pytest.approx(float(np.mean(terms)), abs=1e-5)
 
 
+def test_credit_coverage_is_what_the_stored_advantages_cover(round_path: Path, tmp_path: Path) -> None:
+    """The summary's and the report's coverage: changed tokens whose stored advantage has a diff-level term,
+    so 0 for a grpo arm whatever its anchors, and the projection's count for a didpo one."""
+    from workflows.summary import credit_coverage
+
+    changed = {(row, t) for _, _, row, span in MEMBERS for s, e in _spans(span) for t in range(s, e)}
+    changed |= {(row, t) for _, row, span in UNANCHORED_SUBDIFFS for s, e in _spans(span) for t in range(s, e)}
+    grpo = schema.read_table(schema.table_dir(round_path, "advantages"), "advantages").to_pylist()
+    assert credit_coverage(round_path, grpo) == 0.0
+    rnd = tmp_path / "round"
+    shutil.copytree(round_path, rnd)
+    write_advantages(rnd, "didpo")
+    didpo = schema.read_table(schema.table_dir(rnd, "advantages"), "advantages").to_pylist()
+    covered = sum(reference_tokens(r["row_id"], 1.0, "mean_norm")[1] for r in didpo)
+    assert credit_coverage(rnd, didpo) == pytest.approx(covered / len(changed)) and 0 < covered < len(changed)
+
+
 def test_coverage_counts_changed_and_anchored_tokens(round_path: Path) -> None:
     by_task = {r["task_id"]: r for r in run_query(round_path, "coverage_per_task").to_pylist()}
     # task A anchored tokens per row: a1t0 {2..9}=8, a2t0 {1..8}=8, a3t0 {0,1,2}=3, a2t1 {0..3}=4, a1t1 {0,1,5,6}=4
