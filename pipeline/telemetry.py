@@ -18,6 +18,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
+from rich.console import Console
 from rich.logging import RichHandler
 from tqdm.auto import tqdm
 
@@ -26,12 +27,13 @@ _CONFIGURED = False
 
 
 def configure(level: str = "INFO") -> None:
-    """Route the root logger through rich once (idempotent); quiet noisy third-party loggers."""
+    """Route the root logger through rich, on stderr, once (idempotent); quiet noisy third-party loggers.
+    stderr: a command's stdout is its output (`didpo exec` prints JSON, `config show` YAML), never logs."""
     global _CONFIGURED
     root = logging.getLogger()
     root.setLevel(level.upper())
     if not _CONFIGURED:
-        handler = RichHandler(rich_tracebacks=False, show_path=False, markup=False)
+        handler = RichHandler(console=Console(stderr=True), rich_tracebacks=False, show_path=False, markup=False)
         handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
         root.addHandler(handler)
         for noisy in ("apache_beam", "urllib3", "filelock", "datasets", "torch.distributed", "DeepSpeed"):

@@ -77,8 +77,7 @@ def schema_cmd(table: list[str] = typer.Argument(None, help="tables to show (def
     try:
         typer.echo(schema.describe(table or schema.TABLES))
     except schema.SchemaError as e:
-        typer.echo(str(e), err=True)
-        raise typer.Exit(2) from None
+        raise UserError(str(e)) from None
 
 
 @app.command("demo")
@@ -125,8 +124,7 @@ def compare_cmd(config: Path | None = ConfigOpt, overrides: list[str] = SetOpt,
         rows = run_compare(str(config) if config else None, overrides, est_list, seed_list,
                            rounds or cfg.run.rounds, compare_id, jobs)
     except ValueError as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2) from None
+        raise UserError(str(e)) from None
     page = write_report(rows, Path(cfg.run.root) / compare_id)
     typer.echo(f"report: {page}")
 

@@ -19,10 +19,10 @@ from typing import Annotated
 
 import typer
 
-from pipeline.credit import CreditInputError, CreditResult, assign_advantages, credit_units
+from pipeline.credit import CreditResult, assign_advantages, credit_units
 from pipeline.credit_io import CREDIT_TABLES as OUTPUT_TABLES
 from pipeline.credit_io import result_tables, steps_from_table
-from pipeline.schema import SchemaError, atomic_folder, atomic_write, read_table, write_table
+from pipeline.schema import atomic_folder, atomic_write, read_table, write_table
 from workflows.errors import UserError
 from workflows.options import ConfigOpt, SetOpt, load_or_exit
 
@@ -51,17 +51,14 @@ def credit(
     if out.is_dir() and any(out.iterdir()) and not (out / "credit_diagnostics.json").is_file():
         raise UserError(f"--out {out}: a folder with other content (not an earlier credit output); "
                         "give a new or empty folder")
-    try:
-        table = read_table(steps, "steps")
-        if table.num_rows == 0:
-            raise UserError(f"--steps {steps}: the steps table has no rows, so there is nothing to assign credit to")
-        # every table, whatever the estimator reads: they are written for analysis
-        result = assign_advantages(credit_units(steps_from_table(table, str(steps)), settings), settings)
-        with atomic_folder(out) as staging:
-            write_credit(result, staging)
-    except (SchemaError, CreditInputError) as e:
-        typer.echo(str(e), err=True)
-        raise typer.Exit(1) from None
+    # a SchemaError or CreditInputError (a bad steps table) leaves no `out` and exits 1 (workflows/errors.py)
+    table = read_table(steps, "steps")
+    if table.num_rows == 0:
+        raise UserError(f"--steps {steps}: the steps table has no rows, so there is nothing to assign credit to")
+    # every table, whatever the estimator reads: they are written for analysis
+    result = assign_advantages(credit_units(steps_from_table(table, str(steps)), settings), settings)
+    with atomic_folder(out) as staging:
+        write_credit(result, staging)
     d = result.diagnostics
     typer.echo(
         f"credit: {d.n_rows} rows, {d.n_candidates} candidates, {d.n_anchors} anchors, "

@@ -1,9 +1,10 @@
 """Bad input on the command line: one line on stderr naming the culprit, a non-zero exit, never a traceback.
 
-Commands raise `UserError` for a mistake in what the user gave (a file, an id, a key, a value); the library's
-own refusals (`USER_ERRORS`) and OS errors on a named path count as such too. `DidpoGroup`, the class of the
-`didpo` app, turns all of them into `error: <message>` once, at the top. Anything else is a bug and keeps its
-traceback.
+Commands raise `UserError` (exit 2) for a mistake in what the user gave (a file, an id, a key, a value) and
+`Refused` (exit 1) when the work refuses it under way; the library's own refusals (`USER_ERRORS`, exit 1) and
+OS errors on a named path (exit 1) count as such too. `DidpoGroup`, the class of the `didpo` app, turns all
+of them into `error: <message>` once, at the top: the one mapping from error to exit code and message (no
+command prints and exits on its own). Anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -25,9 +26,16 @@ from pipeline.tasks.records import TaskFormatError
 
 
 class UserError(typer.TyperException):
-    """A mistake in the user's input; the message names the file, id, key or option."""
+    """A mistake in the user's input; the message names the file, id, key or option (exit 2)."""
 
     exit_code = 2
+
+
+class Refused(typer.TyperException):
+    """The work refused what it was given once under way (a run folder, a checkpoint's content): exit 1, like
+    the library's own refusals (`USER_ERRORS`)."""
+
+    exit_code = 1
 
 
 # the library's refusals of bad input; each message already names the file, the id or the key

@@ -25,6 +25,7 @@ from rich.table import Table
 
 from pipeline.config import DidpoConfig
 from pipeline.evaluation import SummaryRow
+from workflows.errors import Refused, UserError
 from workflows.options import ConfigOpt, SetOpt, load_or_exit
 
 DEFAULT_BENCHMARKS = "humaneval,humanevalplus,mbppplus,humanevalfix"
@@ -115,25 +116,20 @@ def eval_cmd(
         names = parse_benchmarks(benchmarks)
         ks = sorted({int(x) for x in k.split(",") if x.strip()}) if k else list(default_ks(samples))
     except ValueError as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2) from None
+        raise UserError(str(e)) from None
     bad = [x for x in ks if not 1 <= x <= samples]
     if not ks or bad:
-        typer.echo(f"error: --k values must lie in 1..{samples} (--samples), got {k!r}", err=True)
-        raise typer.Exit(2)
+        raise UserError(f"--k values must lie in 1..{samples} (--samples), got {k!r}")
     if on_overlap not in ("exclude", "error"):
-        typer.echo(f"error: --on-overlap must be 'exclude' or 'error', got {on_overlap!r}", err=True)
-        raise typer.Exit(2)
+        raise UserError(f"--on-overlap must be 'exclude' or 'error', got {on_overlap!r}")
     if temperature is None:
         temperature = cfg.eval.temperature if samples == 1 else cfg.policy.temperature
     if samples > 1 and temperature == 0.0:
-        typer.echo("error: several samples at temperature 0 are identical; pass --temperature > 0", err=True)
-        raise typer.Exit(2)
+        raise UserError("several samples at temperature 0 are identical; pass --temperature > 0")
     out = out or Path(cfg.run.root) / cfg.run.run_id / "eval"
     try:
         check_checkpoint(policy)  # before the benchmarks are loaded
         evaluate(cfg, policy, names, turns=turns or cfg.episode.max_turns, samples=samples,
                  temperature=temperature, ks=ks, limit=limit, on_overlap=on_overlap, out=out, console=Console())
     except (ValueError, FileNotFoundError) as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(1) from None
+        raise Refused(str(e)) from None

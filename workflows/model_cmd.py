@@ -17,6 +17,7 @@ import typer
 
 from pipeline.policy.loading import CheckpointError, check_checkpoint, checkpoint_parameters, load_tokenizer
 from pipeline.policy.tiny import SIZES, build_checkpoint
+from workflows.errors import UserError
 from workflows.options import ConfigOpt, SetOpt, load_or_exit
 
 SizeName = Enum("SizeName", {name: name for name in SIZES}, type=str)  # --size choices, from the presets
@@ -36,8 +37,7 @@ def init(
     try:
         info = build_checkpoint(out, size=size.value, seed=seed, overwrite=force)
     except FileExistsError as e:
-        typer.echo(str(e), err=True)
-        raise typer.Exit(2) from None
+        raise UserError(str(e)) from None
     typer.echo(
         f"built {info.size} checkpoint in {info.path} ({time.perf_counter() - start:.1f} s, seed {info.seed})"
     )
@@ -55,8 +55,7 @@ def info(path: Annotated[Path, typer.Argument(help="checkpoint directory")]) -> 
     try:
         root = check_checkpoint(path)
     except CheckpointError as e:
-        typer.echo(str(e), err=True)
-        raise typer.Exit(2) from None
+        raise UserError(str(e)) from None
     config = json.loads((root / "config.json").read_text())
     tokenizer = load_tokenizer(root)
     special = {tok: tokenizer.convert_tokens_to_ids(tok) for tok in tokenizer.all_special_tokens}
@@ -104,8 +103,7 @@ def pretrain(
     try:
         report = run_pretrain(cfg.pretrain, out, command=command)
     except (ValueError, FileExistsError, CheckpointError) as e:
-        typer.echo(str(e), err=True)
-        raise typer.Exit(2) from None
+        raise UserError(str(e)) from None
     for stage in report["stages"]:
         typer.echo(f"stage {stage['name']}: {stage['steps']} steps on {stage['files']} files, "
                    f"loss {stage['first_loss']:.3f} -> {stage['final_loss']:.3f}")

@@ -22,7 +22,7 @@ def run_cmd(
 ) -> None:
     """Run or resume a round; unknown options (--project=..., --region=...) pass through to Beam."""
     from pipeline.policy.loading import check_checkpoint
-    from pipeline.run import RoundConflict, resolve_policy, run_round
+    from pipeline.run import resolve_policy, run_round
     from pipeline.tasks.settings import resolve_tasks
     from workflows.summary import print_round_summary
 
@@ -31,9 +31,5 @@ def run_cmd(
     cfg = load_or_exit(config, overrides)
     ckpt = check_checkpoint(checkpoint) if checkpoint else resolve_policy(cfg)  # before any worker starts
     train, _ = resolve_tasks(cfg.tasks)
-    try:
-        result = run_round(cfg, round_k, ckpt, train, beam_args=list(ctx.args))
-    except RoundConflict as e:
-        typer.echo(str(e), err=True)
-        raise typer.Exit(1) from None
+    result = run_round(cfg, round_k, ckpt, train, beam_args=list(ctx.args))  # a RoundConflict exits 1, one line
     print_round_summary(result.round_dir)

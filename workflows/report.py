@@ -30,6 +30,7 @@ import pyarrow.parquet as pq
 import typer
 
 from pipeline import schema
+from workflows.errors import Refused
 from workflows.summary import credit_coverage, rollout_counts
 
 _ROUND_DIR = re.compile(r"^round=(\d+)$")
@@ -517,7 +518,6 @@ def report_cmd(
     """Write an offline HTML report (and PNGs): curves, advantage and anchor distributions, a credit explorer."""
     try:
         report = build_report(run, out or run[0] / "report", steps=step, explore_count=explore_count)
-    except (ReportError, schema.SchemaError) as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(1) from None
+    except ReportError as e:
+        raise Refused(str(e)) from None
     typer.echo(f"report: {report.page} ({len(report.pngs)} figures, {len(report.explored)} explored steps)")

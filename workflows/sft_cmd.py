@@ -16,6 +16,7 @@ from typing import Annotated
 
 import typer
 
+from workflows.errors import UserError
 from workflows.options import ConfigOpt, SetOpt, load_or_exit
 
 
@@ -45,8 +46,7 @@ def sft(
         report = run_cold_start(cfg, checkpoint, out, [t for spec in cfg.tasks.eval for t in spec.load()],
                                 evaluate=evaluate)
     except (ValueError, FileExistsError, CheckpointError) as e:
-        typer.echo(str(e), err=True)
-        raise typer.Exit(2) from None
+        raise UserError(str(e)) from None
     typer.echo(f"sft: {report.n_examples} examples, {report.total_steps} steps in {report.wall['train_s']:.0f}s, "
                f"loss {report.first_loss:.3f} -> {report.final_loss:.3f}; checkpoint {out}")
     if report.evaluation:

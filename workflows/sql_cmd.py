@@ -20,7 +20,6 @@ from rich.console import Console
 from rich.table import Table
 
 from pipeline import schema
-from pipeline.schema import SchemaError
 from pipeline.sqlrun import (
     SQL_PARAMS,
     Query,
@@ -31,6 +30,7 @@ from pipeline.sqlrun import (
     resolve_round,
     run_query,
 )
+from workflows.errors import UserError
 from workflows.options import ConfigOpt, SetOpt, load_or_exit
 
 OUT_FORMATS = (".csv", ".parquet")
@@ -118,20 +118,15 @@ def sql(
         _list_queries(console)
         return
     if name_or_file is None or run is None:
-        typer.echo("usage: didpo sql NAME|FILE --run DIR  (didpo sql --list shows the queries)", err=True)
-        raise typer.Exit(2)
+        raise UserError("usage: didpo sql NAME|FILE --run DIR  (didpo sql --list shows the queries)")
     credit = load_or_exit(config, overrides).credit  # the `params` table: adv_norm, std_eps, lam
     if out is not None and out.suffix not in OUT_FORMATS:
-        typer.echo(f"--out {out}: unknown format {out.suffix!r}; use one of {', '.join(OUT_FORMATS)}", err=True)
-        raise typer.Exit(2)
-    try:
-        query = find_query(name_or_file)
-        round_dir = resolve_round(run)
-        _refuse_empty_inputs(query, round_dir)
-        result = run_query(round_dir, name_or_file, {k: getattr(credit, k) for k in SQL_PARAMS})
-    except (SqlError, SchemaError) as e:
-        typer.echo(f"didpo sql: {e}", err=True)
-        raise typer.Exit(1) from None
+        raise UserError(f"--out {out}: unknown format {out.suffix!r}; use one of {', '.join(OUT_FORMATS)}")
+    # an SqlError or SchemaError (a missing table, a contract break) exits 1, one line (workflows/errors.py)
+    query = find_query(name_or_file)
+    round_dir = resolve_round(run)
+    _refuse_empty_inputs(query, round_dir)
+    result = run_query(round_dir, name_or_file, {k: getattr(credit, k) for k in SQL_PARAMS})
     if out is not None:
         write_result(result, out)
         typer.echo(f"wrote {result.num_rows} rows to {out}")

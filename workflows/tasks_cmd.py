@@ -16,6 +16,7 @@ from rich.table import Table
 
 from pipeline.tasks import BUNDLED_FILES, SOURCES, Task, TestSuite, count_cases, load_source
 from pipeline.tasks.repair import FAMILIES, make_repair_tasks, write_recipes
+from workflows.errors import UserError
 
 tasks_app = typer.Typer(
     no_args_is_help=True, help="List and inspect task sources (bundled files by default)."
@@ -29,9 +30,8 @@ def _console() -> Console:
     return Console(soft_wrap=True)
 
 
-def _fail(message: str) -> typer.Exit:
-    typer.echo(message, err=True)
-    return typer.Exit(2)
+def _fail(message: str) -> UserError:
+    return UserError(message)
 
 
 def _load(source: str, path: Path | None, **filters) -> list[Task]:

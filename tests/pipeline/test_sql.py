@@ -9,7 +9,6 @@ import numpy as np
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
-import typer
 from builders import step_row
 from typer.testing import CliRunner
 
@@ -27,7 +26,6 @@ from pipeline.sqlrun import (
     run_query,
     sql_advantages,
 )
-from workflows.sql_cmd import sql as sql_command
 
 N_TOK = 12  # response tokens per row; token i covers characters [4i, 4i + 4)
 EPS = 1e-6
@@ -496,10 +494,10 @@ def test_resolve_round_picks_the_latest_round(round_path: Path, tmp_path: Path) 
 # ---- CLI ------------------------------------------------------------------------------------------------------
 
 
-def _app() -> typer.Typer:
-    app = typer.Typer()
-    app.command("sql")(sql_command)
-    app.command("noop")(lambda: None)  # two commands, so `sql` is invoked by name as under `didpo`
+def _app():
+    """The real `didpo` app (its one error mapping: UserError exits 2, the library's refusals 1)."""
+    from workflows.cli import app
+
     return app
 
 

@@ -53,12 +53,12 @@ def test_exec_says_which_cases_failed_and_why(tmp_path):
     solution.write_text(buggy)
     result = runner.invoke(app, ["exec", "--task", task.task_id, "--solution", str(solution), "--pool", "1"])
     assert result.exit_code == 0, result.output
-    report = json.loads(result.output)
+    report = json.loads(result.stdout)  # stdout is the report alone: logs go to stderr (pipeline.telemetry)
     assert report["status"] == "failed" and report["failing_cases"]
     assert len(report["failing_cases"]) == min(10, report["total"] - report["passed"])
     assert all(c["case"] and c["detail"] for c in report["failing_cases"])
     fixed = runner.invoke(app, ["exec", "--task", task.task_id, "--solution", str(_write(tmp_path, task)), "--pool", "1"])
-    assert json.loads(fixed.output)["failing_cases"] == []
+    assert json.loads(fixed.stdout)["failing_cases"] == []
 
 
 def _write(tmp_path, task):

@@ -11,7 +11,6 @@ from html.parser import HTMLParser
 import matplotlib.image as mpimg
 import numpy as np
 import pytest
-import typer
 from builders import ChatTokenizerStub
 from typer.testing import CliRunner
 
@@ -24,7 +23,7 @@ from pipeline.policy.generation import GenerationResult
 from pipeline.rollout import row_id, run_rollouts, start_rollouts
 from pipeline.sandbox.judge import ExecResult
 from pipeline.tasks import load_source
-from workflows.report import ReportError, build_report, coloured_response, load_arm, report_cmd
+from workflows.report import ReportError, build_report, coloured_response, load_arm
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 BUG = "    return None  # gave up\n"
@@ -213,12 +212,12 @@ def test_bad_run_folders_are_refused_by_name(tmp_path, run_dir):
 
 @pytest.mark.slow
 def test_report_command(run_dir, tmp_path):
-    app = typer.Typer()
-    app.command()(report_cmd)
-    res = CliRunner().invoke(app, ["--run", str(run_dir), "--out", str(tmp_path / "r"), "--explore", "2"])
+    from workflows.cli import app  # the real app: its one error mapping
+
+    res = CliRunner().invoke(app, ["report", "--run", str(run_dir), "--out", str(tmp_path / "r"), "--explore", "2"])
     assert res.exit_code == 0, res.output
     assert "4 figures, 2 explored steps" in res.output and (tmp_path / "r" / "index.html").is_file()
-    res = CliRunner().invoke(app, ["--run", str(tmp_path / "missing")])
+    res = CliRunner().invoke(app, ["report", "--run", str(tmp_path / "missing")])
     assert res.exit_code == 1 and "does not exist" in res.output
 
 

@@ -1,4 +1,4 @@
-"""`didpo tasks list|show` through typer's CliRunner (the sub-app `workflows.tasks_cmd.tasks_app`)."""
+"""`didpo tasks list|show` through typer's CliRunner (the `didpo` app, so its one error mapping)."""
 
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ import re
 import pytest
 from typer.testing import CliRunner
 
-from workflows.tasks_cmd import tasks_app
+from workflows.cli import app
 
 runner = CliRunner()
 
 
 def invoke(*args: str):
-    return runner.invoke(tasks_app, list(args), env={"COLUMNS": "160"})
+    return runner.invoke(app, ["tasks", *args], env={"COLUMNS": "160"})  # the real app: its error mapping
 
 
 def test_list_humanevalfix_shows_164_tasks():
