@@ -38,7 +38,7 @@ from pipeline.policy.tiny import (
     task_texts,
 )
 from pipeline.tasks.base import Task, TestSuite
-from workflows.model_cmd import model_app
+from workflows.cli import app  # the real `didpo` app: its one error mapping
 
 # ---------------------------------------------------------------- checkpoint files and loading
 
@@ -353,18 +353,18 @@ def test_cli_init_and_info(tmp_path, monkeypatch, policy_corpus):
     monkeypatch.setattr(tiny, "default_corpus", lambda: iter(policy_corpus))
     runner = CliRunner()
     out = tmp_path / "cli"
-    result = runner.invoke(model_app, ["init", "--out", str(out), "--size", "tiny", "--seed", "3"])
+    result = runner.invoke(app, ["model", "init", "--out", str(out), "--size", "tiny", "--seed", "3"])
     assert result.exit_code == 0, result.output
     assert "parameters:" in result.output and "model.safetensors" in result.output
     assert f"{IM_END}=2" in result.output
     assert check_checkpoint(out) == out
 
-    info = runner.invoke(model_app, ["info", str(out)])
+    info = runner.invoke(app, ["model", "info", str(out)])
     assert info.exit_code == 0, info.output
     assert f"{checkpoint_parameters(out):,}" in info.output and "Qwen2ForCausalLM" in info.output
 
-    again = runner.invoke(model_app, ["init", "--out", str(out)])
+    again = runner.invoke(app, ["model", "init", "--out", str(out)])
     assert again.exit_code == 2 and "not empty" in again.output
-    assert runner.invoke(model_app, ["init", "--out", str(tmp_path / "y"), "--size", "huge"]).exit_code == 2
-    missing = runner.invoke(model_app, ["info", str(tmp_path / "nowhere")])
+    assert runner.invoke(app, ["model", "init", "--out", str(tmp_path / "y"), "--size", "huge"]).exit_code == 2
+    missing = runner.invoke(app, ["model", "info", str(tmp_path / "nowhere")])
     assert missing.exit_code == 2 and "does not exist" in missing.output
