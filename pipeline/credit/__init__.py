@@ -5,6 +5,7 @@ returns, sub-diffs, anchors, A^D and its projection) and `assign_advantages` (st
 `pipeline.credit.batch` for the algorithm in numbered steps and docs/design.md.
 """
 
+from pipeline.credit import did, estimators
 from pipeline.credit.anchors import groupability
 from pipeline.credit.batch import (
     CreditResult,
@@ -14,11 +15,23 @@ from pipeline.credit.batch import (
     credit_units,
     reads_units,
 )
-from pipeline.credit.did import fit_effects  # importing it registers the didpo_did estimator
+from pipeline.credit.did import fit_effects
 from pipeline.credit.estimators import ESTIMATORS, EstimatorBatch, EstimatorOutput, register_estimator
 from pipeline.credit.inputs import CreditInputError, Edit, StepInput, edits_from_action
 from pipeline.credit.projection import pad_token_batch
 from pipeline.credit.settings import CreditSettings
+
+# Every built-in estimator, registered here and only here (a user's own: `register_estimator`).
+for _name, _fn, _declares in (
+    ("grpo", estimators.grpo, {}),
+    ("dr_grpo", estimators.dr_grpo, {}),
+    ("rloo", estimators.rloo, {}),
+    ("reinforce_pp_baseline", estimators.reinforce_pp_baseline, {"scope": "batch"}),
+    ("gigpo", estimators.gigpo, {}),
+    ("didpo", estimators.didpo, {"needs_anchors": True}),
+    ("didpo_did", did.didpo_did, {"needs_lines": True}),
+):
+    register_estimator(_name, **_declares)(_fn)
 
 
 def clear_caches() -> None:

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from pipeline.credit.estimators import EstimatorBatch, EstimatorOutput, episode_advantage, register_estimator
+from pipeline.credit.estimators import EstimatorBatch, EstimatorOutput, episode_advantage
 
 if TYPE_CHECKING:
     from pipeline.credit.settings import CreditSettings
@@ -122,7 +122,6 @@ def unit_effects(batch: EstimatorBatch, settings: CreditSettings) -> np.ndarray:
     return effect
 
 
-@register_estimator("didpo_did", needs_lines=True)
 def didpo_did(batch: EstimatorBatch, settings: CreditSettings) -> EstimatorOutput:
     """token_adv = A^E_i + lambda * credit(change covering the token); see the module docstring.
     [N] episode advantages, N x [T_n] token advantages. lambda = 0 gives the episode-level estimator."""

@@ -2,7 +2,8 @@
 
 Every estimator maps an `EstimatorBatch` (N rows of G trajectories of several tasks) to an
 `EstimatorOutput`: one episode-level advantage per row and per-token advantages per row (before the loss
-mask). Register a new one with `@register_estimator("name")`; a name can be registered once. Each declares
+mask). The built-ins are registered in one place, `pipeline/credit/__init__.py`; register a new one with
+`@register_estimator("name")` (a name can be registered once). Each declares
 whether it reads the diff-level units (`needs_anchors`: only then are sub-diffs and anchors computed for it;
 `needs_lines`: the line units of `lines.py`, likewise)
 and its scope: "task" when a row's advantages depend only on rows of its own task group (so the batch can be
@@ -111,19 +112,16 @@ def _broadcast(batch: EstimatorBatch, per_row: np.ndarray) -> EstimatorOutput:
     return EstimatorOutput(np.asarray(per_row, np.float64), tokens)
 
 
-@register_estimator("grpo")
 def grpo(batch: EstimatorBatch, settings: CreditSettings) -> EstimatorOutput:
     """GRPO: A_i = (R_i - mean_{G_task} R) / (std_{G_task} R + eps) on every token of trajectory i. [N] -> N x [T_n]."""
     return _broadcast(batch, episode_advantage(batch, "mean_std_norm", settings.std_eps))
 
 
-@register_estimator("dr_grpo")
 def dr_grpo(batch: EstimatorBatch, settings: CreditSettings) -> EstimatorOutput:
     """Dr. GRPO: A_i = R_i - mean_{G_task} R (no std division) on every token of trajectory i."""
     return _broadcast(batch, episode_advantage(batch, "mean_norm", settings.std_eps))
 
 
-@register_estimator("rloo")
 def rloo(batch: EstimatorBatch, settings: CreditSettings) -> EstimatorOutput:
     """RLOO: A_i = R_i - mean_{j in G_task, j != i} R_j = |G|/(|G|-1) * (R_i - mean_G R); 0 when |G| = 1."""
     traj_task, traj_return = trajectory_table(batch.traj_index, batch.task_index, batch.episode_return)
@@ -133,7 +131,6 @@ def rloo(batch: EstimatorBatch, settings: CreditSettings) -> EstimatorOutput:
     return _broadcast(batch, (centered * scale)[batch.traj_index])
 
 
-@register_estimator("reinforce_pp_baseline", scope="batch")
 def reinforce_pp_baseline(batch: EstimatorBatch, settings: CreditSettings) -> EstimatorOutput:
     """REINFORCE++ with baseline: a_i = R_i - mean_{G_task} R here; its batch scope then whitens it over all
     trajectories of the batch: A_i = (a_i - mean_batch a) / (std_batch a + eps)."""
@@ -141,7 +138,6 @@ def reinforce_pp_baseline(batch: EstimatorBatch, settings: CreditSettings) -> Es
     return _broadcast(batch, group_center(traj_return, traj_task, "mean_norm")[batch.traj_index])
 
 
-@register_estimator("gigpo")
 def gigpo(batch: EstimatorBatch, settings: CreditSettings) -> EstimatorOutput:
     """GiGPO: A_t = A^E_i + omega * A^S_t, with A^E_i = norm(R_i) over G_task and
     A^S_t = norm(R_t) over the rows of the task whose workspace before the step is identical (anchor states);
@@ -151,7 +147,6 @@ def gigpo(batch: EstimatorBatch, settings: CreditSettings) -> EstimatorOutput:
     return _broadcast(batch, a_e + settings.gigpo_omega * a_s)
 
 
-@register_estimator("didpo", needs_anchors=True)
 def didpo(batch: EstimatorBatch, settings: CreditSettings) -> EstimatorOutput:
     """DiDPO: token_adv = A^E_i + lambda * A^D(token), A^E_i = norm(R_i) over G_task, A^D(token) = the
     projected diff advantage of the covering anchor occurrence with the highest GS (0 outside anchors).
