@@ -2,8 +2,8 @@
 
 1. Build the demo policy offline (`didpo model init`) unless it exists.
 2. Cold-start it with SFT on demonstrations in the action grammar.
-3. Policy rounds: the Beam pipeline (rollouts in the sandbox -> sub-diffs -> LSH anchors -> DuckDB
-   advantages -> Parquet), the OpenRLHF-based update, a held-out evaluation.
+3. Policy rounds: the Beam pipeline (rollouts in the sandbox -> sub-diffs -> LSH anchors -> advantages ->
+   Parquet), the OpenRLHF-based update, a held-out evaluation.
 4. Print the last round's pipeline summary and the per-round table; write the HTML report.
 """
 
