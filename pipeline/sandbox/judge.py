@@ -342,10 +342,20 @@ def _decode_output(rec: dict) -> tuple[str, object]:
         return "malformed", None
 
 
+def _shown(value, limit: int = 120) -> str:
+    """repr cut to `limit` characters, never raising: a candidate can return an int Python refuses to print
+    (10**5000 passes the digit limit of str()) or a list nested beyond the recursion limit, and what the
+    candidate causes is its score, never an exception in the judge."""
+    try:
+        return repr(value)[:limit]
+    except (ValueError, RecursionError):
+        return f"<{type(value).__name__} too large to show>"
+
+
 def _io_detail(args, exp, got) -> str:
-    shown = repr(tuple(args))[:120]
+    shown = _shown(tuple(args))
     if got[0] == "exc":
         return f"f{shown} raised {got[1]}"
     if exp[0] == "exc":
         return f"f{shown} should raise {exp[1]}"
-    return f"f{shown} returned {repr(got[1])[:120]}"  # the expected value is not revealed (hidden tests)
+    return f"f{shown} returned {_shown(got[1])}"  # the expected value is not revealed (hidden tests)

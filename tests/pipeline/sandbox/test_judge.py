@@ -185,6 +185,19 @@ def test_not_none_compares_what_a_match_object_reduces_to(judge):
     assert opaque.status == "infra_error" and "no plain data" in opaque.detail
 
 
+def test_an_output_too_large_to_print_is_scored_not_raised(judge):
+    """10**5000 is plain data but beyond the digit limit of repr(); a list nested past the recursion limit
+    likewise: the judge describes them in the failing case instead of raising (found by a harmful mutation
+    in benchmarks/credit_fidelity.py)."""
+    task = _io_task("def f(x):\n    return x\n", ((1,), (2,)), "equal")
+    huge = judge.run(task, {"solution.py": "def f(x):\n    return 10 ** 5000 if x == 2 else x\n"})
+    assert huge.status == "failed" and huge.passed == 1
+    assert "too large to show" in next(c.detail for c in huge.cases if not c.passed)
+    deep = judge.run(task, {"solution.py": "def f(x):\n    out = []\n    for _ in range(5000):\n"
+                                           "        out = [out]\n    return out if x == 2 else x\n"})
+    assert deep.status in ("failed", "crashed") and deep.passed == 1
+
+
 def test_set_check_through_the_sandbox(judge):
     task = _io_task("def f(x):\n    return sorted(set(x))\n", (([3, 1, 3],), ([2, 2],)), "set")
     assert judge.run(task, {"solution.py": "def f(x):\n    return list(set(x))[::-1]\n"}).status == "passed"
