@@ -168,15 +168,13 @@ def credit_units(steps: Sequence[StepInput], settings: CreditSettings | None = N
 
         with timer.phase("projection"):
             subdiffs = _subdiff_table(rows, candidates)
-            diff_tokens, diff_covered, token_anchor, changed_tokens = _project(
+            diff_tokens, diff_covered = _project(
                 rows, candidates, anchors, changed_spans, subdiffs, diag
             )
     else:
         subdiffs = _subdiff_table(rows, [])
         diff_tokens = [np.zeros(s.n_tokens) for s in rows]
         diff_covered = [np.zeros(s.n_tokens, bool) for s in rows]
-        token_anchor = [np.full(s.n_tokens, -1, np.int64) for s in rows]
-        changed_tokens = []  # unknown without the diffs (no estimator that skips units reads them)
 
     lines = None
     if reads_lines(settings):
@@ -197,10 +195,6 @@ def credit_units(steps: Sequence[StepInput], settings: CreditSettings | None = N
         visible_pass_fraction=np.array(
             [np.nan if s.visible_pass_fraction is None else s.visible_pass_fraction for s in rows], np.float64
         ),
-        anchor_rows=_anchor_rows(anchors, candidates),
-        anchor_task=np.array([task_of[a.task_id] for a in anchors], np.int64),
-        token_anchor=token_anchor,
-        changed_tokens=changed_tokens,
         line_units=lines,
     )
     diag.caps = dict(stats)
@@ -249,12 +243,6 @@ def _whitened(output: EstimatorOutput, traj_index: np.ndarray, eps: float) -> Es
 def _blas() -> ThreadpoolController:
     """The process's thread pools, found once (finding them scans the loaded libraries)."""
     return ThreadpoolController()
-
-
-def _anchor_rows(anchors: list[Anchor], candidates: list[Candidate]) -> np.ndarray:
-    """[M, 2] distinct (row, anchor index) pairs: which anchors have an occurrence in which row."""
-    pairs = {(candidates[m].row, a) for a, anchor in enumerate(anchors) for m in anchor.members}
-    return np.array(sorted(pairs), np.int64).reshape(-1, 2)
 
 
 def _canonical_rows(steps: Sequence[StepInput]) -> list[StepInput]:
@@ -470,31 +458,31 @@ def _project(
     changed_spans: list[list[tuple[int, int]]],
     subdiffs: dict[str, list],
     diag: Diagnostics,
-) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
-    """Per row [T] projected A^D (0 where no anchor occurrence covers the token), [T] covered flags,
-    [T] index of the covering anchor (-1 none) and [T] changed-code flags.
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Per row [T] projected A^D (0 where no anchor occurrence covers the token) and [T] covered flags;
+    the coverage of changed code goes to `diag`.
 
     All rows are projected at once, in the flat character space of `FlatTokens`. Occurrences are painted
     worst first, so each character, and then each token (max over its characters), keeps the occurrence
     that comes first in priority order: (-GS as float32, -covered chars, subdiff_id, anchor_id).
     """
     if not rows:
-        return [], [], [], []
+        return [], []
     flat = FlatTokens(rows)
     char_base, starts, ends, total = flat.char_base, flat.starts, flat.ends, flat.n_chars
 
     char_spans, subdiff_ids = subdiffs["char_spans"], subdiffs["subdiff_id"]
     occurrences = []
-    for a, anchor in enumerate(anchors):
+    for anchor in anchors:
         gs = float(np.float32(anchor.gs))  # the tables store GS as float32; ties are judged on that value
         for m, value in zip(anchor.members, anchor.diff_advantage, strict=True):
             spans = [(span["start"], span["end"]) for span in char_spans[m]]
             n_chars = sum(e - s for s, e in spans)
             priority = (-gs, -n_chars, subdiff_ids[m], anchor.anchor_id)
-            occurrences.append((priority, candidates[m].row, spans, float(value), a))
+            occurrences.append((priority, candidates[m].row, spans, float(value)))
     occurrences.sort(key=lambda o: o[0], reverse=True)  # worst first: painting leaves the best on top
     rank = np.full(total, -1, np.int64)
-    for r, (_, row, spans, _, _) in enumerate(occurrences):
+    for r, (_, row, spans, _) in enumerate(occurrences):
         base = char_base[row]
         for s, e in spans:
             rank[base + s : base + e] = r
@@ -503,9 +491,6 @@ def _project(
     covered = token_rank >= 0
     values = np.zeros(len(starts), np.float64)
     values[covered] = values_by_rank[token_rank[covered]]
-    anchor_by_rank = np.array([o[4] for o in occurrences], np.int64)
-    token_anchor = np.full(len(starts), -1, np.int64)
-    token_anchor[covered] = anchor_by_rank[token_rank[covered]]
 
     painted = np.zeros(total, np.int8)
     for r, spans in enumerate(changed_spans):
@@ -516,7 +501,7 @@ def _project(
     diag.n_changed_tokens = int(changed.sum())
     diag.n_diff_tokens = int((changed & covered).sum())
     diag.coverage = diag.n_diff_tokens / diag.n_changed_tokens if diag.n_changed_tokens else 0.0
-    return flat.split(values), flat.split(covered), flat.split(token_anchor), flat.split(changed)
+    return flat.split(values), flat.split(covered)
 
 
 def _subdiff_table(rows: list[StepInput], candidates: list[Candidate]) -> dict[str, list]:

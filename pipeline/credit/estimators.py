@@ -40,19 +40,12 @@ class EstimatorBatch:
     return_to_go: np.ndarray  # [N] float: R_t of the row
     n_tokens: np.ndarray  # [N] int: response tokens T_n of each row
     diff_advantage: list[np.ndarray]  # N arrays [T_n]: projected A^D per token (0 where not covered)
-    # For estimators that model anchors themselves (didpo_did); empty defaults keep other callers unchanged.
+    # For estimators that model the step's outcome themselves (didpo_did); empty defaults keep other callers
+    # unchanged.
     turn: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # [N] int: 0-based turn
     visible_pass_fraction: np.ndarray = field(
         default_factory=lambda: np.zeros(0)
     )  # [N] float in [0, 1] after the step; NaN = unknown
-    anchor_rows: np.ndarray = field(
-        default_factory=lambda: np.zeros((0, 2), np.int64)
-    )  # [M, 2] int: distinct (row, anchor) pairs, anchor = index into the batch's anchors
-    anchor_task: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # [A] int: task of anchor
-    token_anchor: list[np.ndarray] = field(
-        default_factory=list
-    )  # N arrays [T_n] int: anchor whose projected occurrence covers the token, -1 none
-    changed_tokens: list[np.ndarray] = field(default_factory=list)  # N arrays [T_n] bool: changed-code tokens
     line_units: LineUnits | None = None  # for estimators that model line units (didpo_did): lines.LineUnits
 
 
