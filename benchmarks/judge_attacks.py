@@ -5,7 +5,10 @@ generic code (the entry point, every name the stub defines or the tests import, 
 hands out a universal lying object), other workspace files kept, sometimes extra files. `main()` runs every
 attack over whole bundled task sets through `Judge(SandboxPool(...))` on the hidden tests and counts
 
-  forged              the attack's result is `passed` (the judge was fooled: reward without solving)
+  forged              the attack's result is `passed` (the judge was fooled: reward without solving), unless
+                      the task's tests also pass a module whose every function returns one plain constant
+                      (None, 0, (), ...): then the tests accept a constant, the judge cannot do better than its
+                      tests, and the pass is listed as `degenerate tests` (a task set finding), not counted
   infra_by_candidate  the result is `infra_error` (the candidate escaped its reward: a retried, dropped job)
 
 Before attacking, each task's reference must pass its hidden tests (a control run); tasks whose reference
@@ -1233,6 +1236,18 @@ def _answer(name, args, kwargs):
     return "x" * (80 << 20)
 '''
 
+# Plain data the judge must describe when a case fails, but that str()/repr() refuse (int digit limit,
+# recursion limit): a judge that raises while describing it would drop the job instead of failing it.
+RPC_UNPRINTABLE_RETURN = r'''
+_NESTED = []
+for _ in range(190):
+    _NESTED = [_NESTED]
+
+
+def _answer(name, args, kwargs):
+    return (10 ** 5000, _NESTED)
+'''
+
 MODULE_GETATTR = r'''
 def __getattr__(name):
     if name.startswith("__"):
@@ -1582,6 +1597,8 @@ def _catalogue() -> list[Attack]:
         M("rpc_exception_smuggling", "rpc", "raise a StopIteration subclass carrying liars", RPC_EXCEPTION_SMUGGLING),
         M("rpc_deep_return", "rpc", "return 100,000-deep and self-referential lists", RPC_DEEP_RETURN),
         M("rpc_huge_return", "rpc", "return an 80 MiB string", RPC_HUGE_RETURN),
+        M("rpc_unprintable_return", "rpc", "return a 5,000-digit int and a 190-deep list (repr refuses both)",
+          RPC_UNPRINTABLE_RETURN),
     ]
     names = [a.name for a in attacks]
     assert len(names) == len(set(names)), "attack names must be unique"
@@ -1589,6 +1606,21 @@ def _catalogue() -> list[Attack]:
 
 
 ATTACKS: tuple[Attack, ...] = tuple(_catalogue())
+
+
+# The control for a pass: plain values a liar could reduce to once it crosses the boundary (liar_tuple -> ()).
+PLAIN_CONSTANTS = ("None", "0", "0.0", "''", "()", "[]", "{}", "set()", "True", "False")
+CONSTANTS: tuple[Attack, ...] = tuple(
+    module_attack(f"constant {c}", "control", f"every function returns {c}",
+                  f"def _answer(name, args, kwargs):\n    return {c}\n") for c in PLAIN_CONSTANTS)
+
+
+def accepted_constant(judge, task: Task) -> str | None:
+    """The first plain constant whose generic module passes `task`'s hidden tests (its tests are degenerate)."""
+    for control in CONSTANTS:
+        if judge.run(task, control.build(task), hidden=True).status == "passed":
+            return control.name.removeprefix("constant ")
+    return None
 
 
 def select_attacks(spec: str | None) -> list[Attack]:
@@ -1735,13 +1767,17 @@ def main(argv: list[str] | None = None) -> int:
                     log.flush()
                 if i % 500 == 0:
                     forged_so_far = sum(x.status == "passed" for x in outcomes)
-                    print(f"  {i}/{len(todo)} runs in {time.perf_counter() - t0:.0f}s, forged so far "
+                    print(f"  {i}/{len(todo)} runs in {time.perf_counter() - t0:.0f}s, passed so far "
                           f"{forged_so_far}", file=sys.stderr, flush=True)
-    ran = [o for o in outcomes if o.status != "skipped"]
+        ran = [o for o in outcomes if o.status != "skipped"]
+        passed_tasks = list({o.task.task_id: o.task for o in ran if o.status == "passed"}.values())
+        constant = dict(zip([t.task_id for t in passed_tasks],
+                            ex.map(lambda t: accepted_constant(judge, t), passed_tasks), strict=True))
     if args.verbose:
         for o in ran:
             print(f"  {o.status:<12} {o.seconds:5.1f}s {o.attack.name:<34} {o.task.task_id:<28} {o.detail[:80]}")
-    forged = [o for o in ran if o.status == "passed"]
+    forged = [o for o in ran if o.status == "passed" and constant[o.task.task_id] is None]
+    degenerate = [o for o in ran if o.status == "passed" and constant[o.task.task_id] is not None]
     infra = [o for o in ran if o.status == "infra_error"]
     raised = [o for o in ran if o.status == "raised"]
     mechanisms = [m for m in MECHANISMS if any(a.mechanism == m for a in attacks)]
@@ -1752,6 +1788,9 @@ def main(argv: list[str] | None = None) -> int:
     statuses = Counter(o.status for o in outcomes)
     print(f"\nruns: {len(ran)} ({', '.join(f'{k} {v}' for k, v in sorted(statuses.items()))}) "
           f"in {time.perf_counter() - t0:.0f}s")
+    for o in degenerate:
+        print(f"  degenerate tests: {o.attack.name} passed {o.task.task_id}, and so does a module returning "
+              f"{constant[o.task.task_id]} everywhere (the tests accept a constant): not counted as forged")
     for title, group in (("forged", forged), ("infra_error", infra), ("judge raised", raised)):
         by_attack = defaultdict(list)
         for o in group:

@@ -101,3 +101,11 @@ def test_a_record_file_resumes_only_runs_made_under_the_same_timeout(tmp_path):
     assert done[liar.name, task.task_id].status == "failed" and done[liar.name, task.task_id].attack is liar
     assert attacks._recorded(str(tmp_path / "none.jsonl"), 5.0, jobs) == {}
     assert attacks._recorded(None, 5.0, jobs) == {}
+
+
+def test_a_task_whose_tests_accept_a_constant_is_degenerate_not_forged(judge):
+    """MBPP/816 (`clear_tuple`) always expects (): a liar tuple passes it, but so does `return ()`, so the pass
+    is the tests' weakness, not the judge's; a task with real tests accepts no constant."""
+    degenerate = load_source("mbpp", ids=["MBPP/816"])[0]
+    assert attacks.accepted_constant(judge, degenerate) == "()"
+    assert attacks.accepted_constant(judge, load_source("humaneval", ids=["HumanEval/0"])[0]) is None
