@@ -29,6 +29,7 @@ import functools
 import io
 import keyword
 import random
+import re
 import tokenize
 from collections.abc import Iterable, Mapping, Sequence
 from types import MappingProxyType
@@ -150,6 +151,63 @@ def mosaic_files(files: Sequence[tuple[str, str]], n: int, seed: int, max_lines:
             for i in range(n)]
 
 
+def name_pool(files: Sequence[tuple[str, str]]) -> tuple[str, ...]:
+    """The names `files`' code defines or uses, common ones (keywords, builtins, self) left out, sorted."""
+    return tuple(sorted(set().union(*(_code_names(text) for _, text in files)) - _COMMON_NAMES))
+
+
+_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|[0-9]+")
+
+
+def respelled(text: str, rng: random.Random, names: Sequence[str]) -> str:
+    """`text` with fresh spellings: each name of its own (not a keyword, builtin, `self` or an attribute after
+    a dot) renamed to a random name of `names`, the same everywhere in the file, its docstrings and strings
+    included; each run of digits in a number or a string redrawn at the same length. The structure is kept,
+    the content is new, so a quote can only be answered by looking: on real files, repeated for thousands of
+    steps, the model answers from memory and the copy gets no gradient (docs/pretraining.md). Text that
+    does not tokenize comes back unchanged."""
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(text).readline))
+    except (tokenize.TokenError, SyntaxError, IndentationError):
+        return text
+    mapping: dict[str, str] = {}
+    taken = set(_code_names(text))
+
+    def name(old: str) -> str:
+        if old not in mapping:
+            fresh = [n for n in rng.sample(names, min(8, len(names))) if n not in taken]
+            mapping[old] = fresh[0] if fresh else old
+            taken.add(mapping[old])
+        return mapping[old]
+
+    def digits(run: str) -> str:
+        first = rng.choice("123456789") if len(run) > 1 else rng.choice("0123456789")
+        return first + "".join(rng.choice("0123456789") for _ in run[1:])
+
+    own = {t.string for i, t in enumerate(tokens)
+           if t.type == tokenize.NAME and t.string not in _COMMON_NAMES and (i == 0 or tokens[i - 1].string != ".")}
+
+    def words(m: re.Match[str]) -> str:
+        w = m.group(0)
+        return digits(w) if w.isdigit() else name(w) if w in own else w
+
+    starts = [0]
+    for line in text.splitlines(keepends=True):
+        starts.append(starts[-1] + len(line))
+    out, at = [], 0
+    for i, t in enumerate(tokens):
+        begin, end = starts[t.start[0] - 1] + t.start[1], starts[t.end[0] - 1] + t.end[1]
+        if t.type == tokenize.NAME and t.string in own and tokens[i - 1].string != ".":
+            new = name(t.string)
+        elif t.type in (tokenize.NUMBER, tokenize.STRING):
+            new = _WORD.sub(words, t.string) if t.type == tokenize.STRING else re.sub(r"[0-9]+", lambda m: digits(m.group(0)), t.string)
+        else:
+            continue
+        out += [text[at:begin], new]
+        at = end
+    return "".join(out) + text[at:]
+
+
 def library_files(n: int, seed: int, max_lines: int = 20) -> list[tuple[str, str]]:
     """`n` functions of the Python standard library's own source (at most `max_lines` lines each, top-level
     functions and methods, dedented; paths lib_<i>.py), drawn by seed from every one there is. Real code of
@@ -191,9 +249,11 @@ def _library_functions(max_lines: int) -> list[str]:
 
 
 def pretrain_examples(files: Sequence[tuple[str, str]], tokenizer: Any, *, n: int, seed: int,
-                      mix: Mapping[str, float] = DEFAULT_PRETRAIN_MIX, max_tokens: int = 1024) -> list[SftExample]:
+                      mix: Mapping[str, float] = DEFAULT_PRETRAIN_MIX, max_tokens: int = 1024,
+                      respell: bool = False) -> list[SftExample]:
     """`n` rows (fewer if files cannot supply them), each a seeded kind on a seeded file; deterministic for
-    given inputs. A row whose prompt plus response exceeds `max_tokens` is drawn again (at most 4n draws)."""
+    given inputs. A row whose prompt plus response exceeds `max_tokens` is drawn again (at most 4n draws).
+    With `respell`, each row shows its file `respelled` afresh (names drawn from all of `files`)."""
     unknown = sorted(set(mix) - set(PRETRAIN_KINDS))
     if unknown or sum(mix.values()) <= 0 or any(w < 0 for w in mix.values()):
         raise ValueError(f"mix {dict(mix)} must weigh the kinds {PRETRAIN_KINDS} with weights >= 0, one > 0")
@@ -206,6 +266,7 @@ def pretrain_examples(files: Sequence[tuple[str, str]], tokenizer: Any, *, n: in
     weights = [mix[k] for k in kinds]
     rng = random.Random(seed)
     ordinary = ordinary_ids(tokenizer)  # once: len(tokenizer) walks the vocabulary
+    names = name_pool(files) if respell else ()
     out: list[SftExample] = []
     for _ in range(4 * n):
         if len(out) == n:
@@ -215,6 +276,8 @@ def pretrain_examples(files: Sequence[tuple[str, str]], tokenizer: Any, *, n: in
             out.append(induction_row(ordinary, eos, rng))
             continue
         path, text = files[rng.randrange(len(files))]
+        if names:
+            text = respelled(text, rng, names)
         task = copy_task(kind, path, text, rng)
         if task is None:
             continue
@@ -269,7 +332,7 @@ def _rows_for(stage: Any, files: Sequence[tuple[str, str]], tokenizer: Any, seed
     used, draw = 0, 0
     while used < budget:
         more = pretrain_examples(files, tokenizer, n=512, seed=seed * 1_000_003 + draw, mix=stage.mix,
-                                 max_tokens=stage.max_tokens_per_batch)
+                                 max_tokens=stage.max_tokens_per_batch, respell=stage.respell)
         if not more:
             raise ValueError(f"stage {stage.name!r}: its files offer no rows of the kinds {sorted(stage.mix)}")
         rows += more

@@ -39,6 +39,9 @@ class PretrainStage(BaseModel):
     mosaic_files: int = Field(
         0, ge=0, description="extra files of random lines of the stage's files (training/pretrain.py "
         "`mosaic_files`): nothing in them to learn by heart, so copying from them needs looking")
+    respell: bool = Field(
+        False, description="show each row's file with fresh names and numbers (training/pretrain.py `respelled`): "
+        "the structure is real, the content new, so quoting it needs looking, however often the file comes up")
     library_files: int = Field(
         0, ge=0, description="extra files: functions of the Python standard library's own source of at most "
         "max_file_lines lines (training/pretrain.py `library_files`), varied real code that ships offline")

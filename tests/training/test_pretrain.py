@@ -24,6 +24,7 @@ from training.pretrain import (
     pretrain,
     pretrain_examples,
     pretrain_files,
+    respelled,
 )
 from training.pretrain_settings import PretrainSettings, PretrainStage
 
@@ -158,6 +159,49 @@ def test_mosaic_files_are_seeded_new_orders_of_known_lines():
     assert not {text for _, text in made} & {text for _, text in files}  # new files, not copies
     with pytest.raises(ValueError, match="non-blank"):
         mosaic_files([("e.py", "\n")], 1, seed=0)
+
+
+def test_respelled_files_keep_their_structure_with_fresh_names_and_digits():
+    import ast
+    import io
+    import tokenize
+
+    names = ("alpha", "beta", "gamma", "delta", "total")  # "total" is taken by the file: never drawn for another
+    text = FILE + "print(count_even([12, 7]), xs.count(3), 'count_even of 12')\n"
+    new = respelled(text, random.Random(5), names)
+    assert new == respelled(text, random.Random(5), names) and new != text
+    ast.parse(new)  # still code
+    kinds = [t.type for t in tokenize.generate_tokens(io.StringIO(new).readline)]
+    assert kinds == [t.type for t in tokenize.generate_tokens(io.StringIO(text).readline)]
+    assert len(new.splitlines()) == len(text.splitlines())
+    mapping = {}
+    for old_tok, new_tok in zip(tokenize.generate_tokens(io.StringIO(text).readline),
+                                tokenize.generate_tokens(io.StringIO(new).readline), strict=True):
+        if old_tok.type == tokenize.NAME and old_tok.string != new_tok.string:
+            assert mapping.setdefault(old_tok.string, new_tok.string) == new_tok.string  # one spelling per name
+    # every name of its own renamed, each to a distinct pool name the file did not already use
+    assert set(mapping) == {"count_even", "xs", "x", "total"}
+    assert set(mapping.values()) == {"alpha", "beta", "gamma", "delta"}
+    assert "def " in new and "return " in new and "print(" in new and ".count(" in new  # keywords, builtins, attributes
+    renamed = mapping["count_even"]
+    assert f"'{renamed} of " in new  # the same name inside a string follows the code
+    runs = re.findall(r"[0-9]+", text)  # digits redrawn, each run at its length
+    redrawn = [re.findall(r"[0-9]+", respelled(text, random.Random(s), names)) for s in range(5)]
+    assert all([len(r) for r in rs] == [len(r) for r in runs] for rs in redrawn)
+    assert any(rs != runs for rs in redrawn)
+    assert respelled("def broken(:\n", random.Random(0), names) == "def broken(:\n"  # does not tokenize: kept
+
+
+def test_respelled_rows_answer_from_the_respelled_file(tokenizer):
+    files = pretrain_files(load_source("mbpp", split="train", limit=30))
+    plain = pretrain_examples(files, tokenizer, n=30, seed=3, mix={"quote_line": 1.0})
+    fresh = pretrain_examples(files, tokenizer, n=30, seed=3, mix={"quote_line": 1.0}, respell=True)
+    originals = {line.strip() for _, text in files for line in text.splitlines()}
+    assert all(r.response_text.strip() in originals for r in plain)
+    assert sum(r.response_text.strip() not in originals for r in fresh) >= 15  # most quotes are of new text
+    for row in fresh:  # and each is a line of the file its own prompt shows
+        prompt = tokenizer.decode(row.prompt_ids)
+        assert row.response_text in prompt
 
 
 def test_library_files_are_seeded_short_parsable_functions_of_the_standard_library():
