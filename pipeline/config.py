@@ -1,8 +1,12 @@
-"""One config file drives every stage.
+"""One config file drives every stage; each stage validates the sections it reads.
 
-The root model composes each stage's own settings model (each lives beside its stage in a leaf `settings`
-module that imports nothing but pydantic, frozen, `extra="forbid"`, validated). `load_config` reads YAML, applies `--set a.b=c` overrides, and turns any validation failure into a
-`ConfigError` that names the key path and says what is allowed.
+A config file is a mapping of sections, each a stage's own settings model (in a leaf `settings` module beside
+its stage that imports nothing but pydantic: frozen, `extra="forbid"`, validated). `PipelineConfig` composes
+the sections of the pipeline's stages (rollouts, credit, eval); the trainer's root config
+(`training.config.DidpoConfig`) adds its own on top, so `pipeline` never imports `training`, and the
+pipeline's own entry point (`python -m pipeline.run`) validates its sections and leaves the trainer's
+(`TRAINER_SECTIONS`) to the trainer. `load_config` reads YAML, applies `--set a.b=c` overrides, and turns any
+validation failure into a `ConfigError` that names the key path and says what is allowed.
 """
 
 from __future__ import annotations
@@ -10,7 +14,7 @@ from __future__ import annotations
 import typing
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -22,9 +26,6 @@ from pipeline.sandbox.settings import SandboxSettings
 from pipeline.schema import content_id
 from pipeline.tasks.settings import TasksSettings
 from pipeline.transforms.settings import PipelineSettings
-from training.pretrain_settings import PretrainSettings
-from training.settings import OnlineSettings, TrainSettings
-from training.sft_settings import SftSettings
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "local.yaml"
 
@@ -74,8 +75,8 @@ class LoggingSettings(_Section):
     progress: bool = Field(True, description="progress bars on long loops")
 
 
-class DidpoConfig(_Section):
-    """The resolved configuration of a run; every stage reads its own section."""
+class PipelineConfig(_Section):
+    """The sections the pipeline's stages read: rollouts, credit and the held-out evaluation."""
 
     run: RunSettings = RunSettings()
     tasks: TasksSettings = TasksSettings()
@@ -84,12 +85,15 @@ class DidpoConfig(_Section):
     sandbox: SandboxSettings = SandboxSettings()
     pipeline: PipelineSettings = PipelineSettings()
     credit: CreditSettings = CreditSettings()
-    pretrain: PretrainSettings = PretrainSettings()
-    sft: SftSettings = SftSettings()
-    train: TrainSettings = TrainSettings()
     eval: EvalSettings = EvalSettings()
-    online: OnlineSettings = OnlineSettings()
     logging: LoggingSettings = LoggingSettings()
+
+
+# The sections `training.config.DidpoConfig` adds (a test holds the two lists equal). The pipeline's entry
+# point accepts them unread, so one file drives both stages; the trainer validates them.
+TRAINER_SECTIONS = ("pretrain", "sft", "train", "online")
+
+Config = TypeVar("Config", bound=BaseModel)
 
 
 # ---- loading --------------------------------------------------------------------------------------------
@@ -130,8 +134,8 @@ def _submodel(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
-def _allowed_keys(loc: Sequence[Any]) -> list[str]:
-    model: type[BaseModel] | None = DidpoConfig
+def _allowed_keys(root: type[BaseModel], loc: Sequence[Any]) -> list[str]:
+    model: type[BaseModel] | None = root
     for part in loc[:-1]:
         if isinstance(part, int) or model is None:
             continue
@@ -140,13 +144,13 @@ def _allowed_keys(loc: Sequence[Any]) -> list[str]:
     return sorted(model.model_fields) if model else []
 
 
-def explain(error: ValidationError, source: str) -> str:
+def explain(error: ValidationError, source: str, root: type[BaseModel] = PipelineConfig) -> str:
     lines = [f"invalid config {source}:"]
     for err in error.errors():
         path = ".".join(str(p) for p in err["loc"]) or "<root>"
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
-            msg = f"unknown key; allowed here: {', '.join(_allowed_keys(err['loc']))}"
+            msg = f"unknown key; allowed here: {', '.join(_allowed_keys(root, err['loc']))}"
         elif err["type"] == "missing":
             msg = "required key is missing"
         elif "input" in err and err["type"] not in ("model_type",):
@@ -155,8 +159,10 @@ def explain(error: ValidationError, source: str) -> str:
     return "\n".join(lines)
 
 
-def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> DidpoConfig:
-    """Read a YAML config (default: configs/local.yaml), apply overrides, validate."""
+def load_sections(path: str | Path | None, overrides: Sequence[str], model: type[Config],
+                  unread: Sequence[str] = ()) -> Config:
+    """Read a YAML config (default: configs/local.yaml), apply overrides, validate the sections of `model`;
+    top-level sections named in `unread` (another stage's) are accepted and not read."""
     src = Path(path) if path else DEFAULT_CONFIG
     try:
         tree = yaml.safe_load(src.read_text()) or {}
@@ -168,15 +174,20 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
         raise ConfigError(f"{src}: the top level must be a mapping of sections")
     apply_overrides(tree, overrides)
     try:
-        return DidpoConfig.model_validate(tree)
+        return model.model_validate({k: v for k, v in tree.items() if k not in unread})
     except ValidationError as e:
-        raise ConfigError(explain(e, str(src))) from None
+        raise ConfigError(explain(e, str(src), model)) from None
 
 
-def to_yaml(config: DidpoConfig) -> str:
+def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> PipelineConfig:
+    """The pipeline's sections of a config file (the trainer's are left to `training.config.load_config`)."""
+    return load_sections(path, overrides, PipelineConfig, unread=TRAINER_SECTIONS)
+
+
+def to_yaml(config: BaseModel) -> str:
     return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
 
 
-def config_hash(config: DidpoConfig) -> str:
+def config_hash(config: BaseModel) -> str:
     """Content hash of the resolved config (recorded in every manifest)."""
     return content_id(config.model_dump(mode="json"))

@@ -29,7 +29,7 @@ import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipeline import schema
-from pipeline.config import DidpoConfig, config_hash, load_config
+from pipeline.config import PipelineConfig, config_hash, load_config
 from pipeline.policy.handlers import make_handler
 from pipeline.schema import RoundConflict
 from pipeline.tasks.base import Task
@@ -89,7 +89,7 @@ def policy_version(checkpoint: str | Path) -> str:
     return h.hexdigest()[:20]
 
 
-def resolve_policy(cfg: DidpoConfig) -> Path:
+def resolve_policy(cfg: PipelineConfig) -> Path:
     """The configured policy checkpoint. A missing one is built offline only for the CPU transformers backend
     (the demo and tests); for vLLM/GPU configs a missing checkpoint is an error naming the path."""
     from pipeline.policy.loading import check_checkpoint
@@ -100,13 +100,13 @@ def resolve_policy(cfg: DidpoConfig) -> Path:
     return check_checkpoint(cfg.policy.checkpoint)
 
 
-def beam_options(cfg: DidpoConfig, extra_args: Sequence[str] = ()) -> PipelineOptions:
+def beam_options(cfg: PipelineConfig, extra_args: Sequence[str] = ()) -> PipelineOptions:
     """Beam options: the config's runner and pass-through arguments, then the command line's."""
     args = [f"--runner={cfg.pipeline.runner}", *cfg.pipeline.beam_args, *extra_args]
     return PipelineOptions(args)
 
 
-def build_rollout_pipeline(options: PipelineOptions, cfg: DidpoConfig, tasks: Sequence[Task], round_path: Path,
+def build_rollout_pipeline(options: PipelineOptions, cfg: PipelineConfig, tasks: Sequence[Task], round_path: Path,
                            round_k: int, checkpoint: str, version: str) -> beam.Pipeline:
     """ReadTasks -> Rollouts -> WriteSteps / WriteTrajectories / WriteDeadLetters."""
     p = beam.Pipeline(options=options)
@@ -131,7 +131,7 @@ def build_rollout_pipeline(options: PipelineOptions, cfg: DidpoConfig, tasks: Se
     return p
 
 
-def build_credit_pipeline(options: PipelineOptions, cfg: DidpoConfig, round_path: Path) -> beam.Pipeline:
+def build_credit_pipeline(options: PipelineOptions, cfg: PipelineConfig, round_path: Path) -> beam.Pipeline:
     """ReadSteps -> Credit -> WriteSubdiffs / WriteAnchors / WriteAnchorMembers / WriteAdvantages /
     WriteDeadLetters."""
     p = beam.Pipeline(options=options)
@@ -172,7 +172,7 @@ def tasks_fingerprint(tasks: Sequence[Task]) -> str:
     return schema.content_id([repr(t) for t in tasks])
 
 
-def stage_inputs(cfg: DidpoConfig, *, version: str, tasks: Sequence[Task], eval_tasks: Sequence[Task] = ()
+def stage_inputs(cfg: PipelineConfig, *, version: str, tasks: Sequence[Task], eval_tasks: Sequence[Task] = ()
                  ) -> dict[str, dict[str, Any]]:
     """Every stage's inputs, in stage order: the config keys `STAGE_INPUTS` names with their values, the
     fingerprints of the stages it reads after, and the policy and tasks where the stage reads them."""
@@ -220,7 +220,7 @@ def complete_stage(manifest: schema.Manifest, round_path: Path, stage: str, seco
     schema.write_manifest(manifest, round_path)
 
 
-def _open_manifest(cfg: DidpoConfig, round_path: Path, round_k: int, version: str) -> schema.Manifest:
+def _open_manifest(cfg: PipelineConfig, round_path: Path, round_k: int, version: str) -> schema.Manifest:
     if (round_path / schema.MANIFEST_NAME).exists():
         return schema.read_manifest(round_path)
     m = schema.Manifest(run_id=cfg.run.run_id, round=round_k, config_hash=config_hash(cfg), git_sha=git_sha(),
@@ -234,7 +234,7 @@ def _count(round_path: Path, table: str) -> int:
                for f in schema.part_files(schema.table_dir(round_path, table)))
 
 
-def run_round(cfg: DidpoConfig, round_k: int, checkpoint: str | Path, tasks: Sequence[Task], *,
+def run_round(cfg: PipelineConfig, round_k: int, checkpoint: str | Path, tasks: Sequence[Task], *,
               beam_args: Sequence[str] = (), stop_after: str | None = None) -> RoundResult:
     """Run (or resume) one round's pipeline stages; `stop_after` ends early after a stage (tests, debugging)."""
     round_path = schema.round_dir(cfg.run.root, cfg.run.run_id, round_k)

@@ -26,9 +26,12 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from training.settings import OnlineSettings
+
+if TYPE_CHECKING:
+    from training.config import DidpoConfig
 
 STEP_KEY = "didpo_step"  # Experience.info key: per row, the step record (see STEP_FIELDS)
 STEP_FIELDS = (  # the steps-table columns the credit core reads (pipeline.credit_io.step_input) + R_t
@@ -44,7 +47,7 @@ CONFIG_ENV = "DIDPO_ONLINE_CONFIG_JSON"  # resolved config handed to every Ray w
 
 def load_online_config(path: str | Path, overrides: Sequence[str] = ()) -> tuple[Any, OnlineSettings]:
     """(DidpoConfig, its `online` section) of one YAML file; errors are `pipeline.config.ConfigError`."""
-    from pipeline.config import load_config
+    from training.config import load_config
 
     cfg = load_config(path, overrides)
     return cfg, cfg.online
@@ -175,7 +178,7 @@ def step_experience(record: Mapping[str, Any], *, max_len: int, with_logprobs: b
 
 def _resolved_config() -> tuple[Any, OnlineSettings]:
     """The run's config inside a Ray worker (the driver puts it in CONFIG_ENV)."""
-    from pipeline.config import DidpoConfig
+    from training.config import DidpoConfig
 
     blob = os.environ.get(CONFIG_ENV)
     if not blob:
@@ -327,7 +330,7 @@ def __getattr__(name: str) -> Any:
 # ---- launch ----------------------------------------------------------------------------------------------
 
 
-def openrlhf_argv(cfg: Any, online: OnlineSettings, prompt_file: Path) -> list[str]:
+def openrlhf_argv(cfg: DidpoConfig, online: OnlineSettings, prompt_file: Path) -> list[str]:
     """OpenRLHF `train_ppo_ray` flags for our config. OpenRLHF's own estimator flag is set to `group_norm`
     only to pass its validation (critic-free, n_samples > 1); our experience maker ignores it."""
     pretrain = online.pretrain or cfg.policy.checkpoint
@@ -376,7 +379,7 @@ def openrlhf_argv(cfg: Any, online: OnlineSettings, prompt_file: Path) -> list[s
     return [str(a) for a in argv] + list(online.extra_args)
 
 
-def write_prompts(cfg: Any, online: OnlineSettings) -> Path:
+def write_prompts(cfg: DidpoConfig, online: OnlineSettings) -> Path:
     """One JSONL line per training task: {"input": task_id, "label": task_id} (the agent renders prompts)."""
     from pipeline.tasks.settings import resolve_tasks
 

@@ -33,7 +33,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipeline.agent.episode import Episode
 from pipeline.agent.grammar import Action, Edit, InvalidAction, apply_action, parse_response, render_action
@@ -41,6 +41,9 @@ from pipeline.agent.settings import EpisodeSettings
 from pipeline.sandbox.judge import CaseResult, ExecResult
 from pipeline.tasks.base import Task
 from training.sft_settings import DEFAULT_MIX, EPISODE_KINDS, SftSettings
+
+if TYPE_CHECKING:
+    from training.config import DidpoConfig
 
 REPORT_NAME = "sft_report.json"
 
@@ -591,7 +594,7 @@ def evaluate_actions(checkpoint: str | os.PathLike[str], tasks: Sequence[Task], 
     }
 
 
-def run_cold_start(cfg: Any, checkpoint: str | os.PathLike[str], out: str | os.PathLike[str],
+def run_cold_start(cfg: DidpoConfig, checkpoint: str | os.PathLike[str], out: str | os.PathLike[str],
                    evaluation_tasks: Sequence[Task], *, evaluate: bool = True) -> SftReport:
     """The cold start of `didpo sft` and `didpo round`: demonstrations from `cfg.sft.tasks.train`, plus
     `sft.rl_task_episodes` more per task of `cfg.tasks.train` (all refused if they overlap `evaluation_tasks`),

@@ -27,7 +27,7 @@ from rich.console import Console
 from rich.table import Table
 
 from pipeline import schema
-from pipeline.config import load_config
+from training.config import load_config
 
 # What the comparison reports per round, with its label and format: the three plus context.
 METRICS = (

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from pipeline.config import DidpoConfig
 from pipeline.telemetry import configure
+from training.config import DidpoConfig
 
 
 def run_demo(cfg: DidpoConfig) -> None:

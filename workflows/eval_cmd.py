@@ -23,7 +23,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from pipeline.config import DidpoConfig
+from pipeline.config import PipelineConfig
 from pipeline.evaluation import SummaryRow
 from workflows.errors import Refused, UserError
 from workflows.options import ConfigOpt, SetOpt, load_or_exit
@@ -47,7 +47,7 @@ def render_table(rows: Sequence[SummaryRow], ks: Sequence[int], title: str) -> T
     return table
 
 
-def evaluate(cfg: DidpoConfig, policy: Path, benchmarks: Sequence[str], *, turns: int, samples: int,
+def evaluate(cfg: PipelineConfig, policy: Path, benchmarks: Sequence[str], *, turns: int, samples: int,
              temperature: float, ks: Sequence[int], limit: int | None, on_overlap: str, out: Path,
              console: Console) -> list[SummaryRow]:
     """Run the evaluation and write/print its tables; returns the summary rows."""

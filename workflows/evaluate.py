@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from pipeline.config import DidpoConfig
+from pipeline.config import PipelineConfig
 from pipeline.tasks.base import Task
 
 
-def quick_eval(checkpoint: str | Path, tasks: Sequence[Task], cfg: DidpoConfig) -> dict[str, float]:
+def quick_eval(checkpoint: str | Path, tasks: Sequence[Task], cfg: PipelineConfig) -> dict[str, float]:
     """Pass rate (hidden tests; lost episodes count as not passing), invalid-action rate, mean turns and mean
     return (finished episodes) and episodes lost to the sandbox (`infra_failures`) of `checkpoint` on the first
     `cfg.eval.max_tasks` held-out tasks."""

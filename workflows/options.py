@@ -10,7 +10,8 @@ from pathlib import Path
 
 import typer
 
-from pipeline.config import ConfigError, DidpoConfig, load_config
+from pipeline.config import ConfigError
+from training.config import DidpoConfig, load_config
 from workflows.errors import UserError
 
 ConfigOpt = typer.Option(None, "--config", "-c", help="YAML config (default: configs/local.yaml)")

@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 from pipeline import schema
-from pipeline.config import DidpoConfig
+from training.config import DidpoConfig
 
 
 @dataclass

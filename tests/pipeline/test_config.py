@@ -1,10 +1,20 @@
-"""One config drives every stage; a wrong one is refused with the key path and what is allowed."""
+"""One config drives every stage; a wrong one is refused with the key path and what is allowed. The root
+config (`training.config`) is the pipeline's sections plus the trainer's; the pipeline reads only its own."""
 
 from __future__ import annotations
 
 import pytest
 
-from pipeline.config import DEFAULT_CONFIG, ConfigError, config_hash, load_config, to_yaml
+from pipeline.config import (
+    DEFAULT_CONFIG,
+    TRAINER_SECTIONS,
+    ConfigError,
+    PipelineConfig,
+    config_hash,
+    to_yaml,
+)
+from pipeline.config import load_config as load_pipeline_config
+from training.config import DidpoConfig, load_config
 
 
 def test_default_config_loads_every_section():
@@ -68,3 +78,16 @@ def test_config_is_frozen_and_show_roundtrips(tmp_path):
         cfg.credit.lam = 2.0
     (tmp_path / "resolved.yaml").write_text(to_yaml(cfg))
     assert load_config(tmp_path / "resolved.yaml") == cfg
+
+
+def test_the_pipeline_reads_its_sections_and_leaves_the_trainers_unread(tmp_path):
+    assert set(TRAINER_SECTIONS) == set(DidpoConfig.model_fields) - set(PipelineConfig.model_fields)
+    full, own = load_config(), load_pipeline_config()
+    assert type(own) is PipelineConfig and not set(TRAINER_SECTIONS) & set(own.model_dump())
+    assert own.model_dump() == {k: v for k, v in full.model_dump().items() if k not in TRAINER_SECTIONS}
+    # a trainer section with a wrong value is the trainer's to refuse; a typo in a section name is still refused
+    assert load_pipeline_config(None, ["train.lr=fast"]) == own
+    with pytest.raises(ConfigError, match=r"train\.lr: "):
+        load_config(None, ["train.lr=fast"])
+    with pytest.raises(ConfigError, match=r"trian: unknown key; allowed here: .*sandbox"):
+        load_pipeline_config(None, ["trian.lr=1"])

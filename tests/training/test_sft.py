@@ -291,8 +291,8 @@ def test_bad_inputs_are_refused(tiny_policy, tasks, tokenizer, tmp_path):
 
 @pytest.mark.slow
 def test_cold_start_adds_episodes_of_the_rl_tasks_and_prompt_free_copies(tiny_policy, tmp_path):
-    from pipeline.config import load_config
     from pipeline.tasks.settings import resolve_tasks
+    from training.config import load_config
     from training.sft import run_cold_start
 
     cfg = load_config(None, [

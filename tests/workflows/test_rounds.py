@@ -8,8 +8,8 @@ import pytest
 from rich.console import Console
 
 from pipeline import schema
-from pipeline.config import load_config
 from pipeline.run import RoundConflict
+from training.config import load_config
 from workflows.rounds import run_rounds
 
 pytestmark = pytest.mark.slow

@@ -25,8 +25,8 @@ from apache_beam.options.pipeline_options import (
     WorkerOptions,
 )
 
-from pipeline.config import load_config
 from pipeline.run import beam_options, main
+from training.config import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 DATAFLOW = ROOT / "workflows" / "dataflow"

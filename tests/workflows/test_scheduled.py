@@ -21,7 +21,7 @@ import pytest
 import typer
 import yaml
 
-from pipeline.config import load_config
+from training.config import load_config
 from workflows.eval_cmd import eval_cmd
 from workflows.report import report_cmd
 

@@ -119,7 +119,7 @@ NEXT_POLICY = f"{RUN_DIR}/round={ROUND}/policy"
 # absolute: the tasks run in different working directories (the Beam operator's is not DIDPO_HOME).
 RESOLVE_SCRIPT = """
 import json, os, sys
-from pipeline.config import load_config
+from training.config import load_config
 from workflows.rounds import round_policy
 k, c = int(sys.argv[1]), load_config(sys.argv[2], sys.argv[3:])
 if not os.path.isabs(c.run.root):
