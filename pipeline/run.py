@@ -31,11 +31,13 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from pipeline import schema
 from pipeline.config import PipelineConfig, config_hash, load_config
 from pipeline.policy.handlers import make_handler
+from pipeline.policy.settings import PolicySettings
 from pipeline.schema import RoundConflict
 from pipeline.tasks.base import Task
 from pipeline.telemetry import get_logger
 from pipeline.transforms.credit import DEAD, OUTPUTS, Credit
 from pipeline.transforms.rollouts import Rollouts
+from pipeline.transforms.settings import PipelineSettings
 from pipeline.transforms.tables import ReadTable, WriteTable
 
 log = get_logger(__name__)
@@ -89,20 +91,20 @@ def policy_version(checkpoint: str | Path) -> str:
     return h.hexdigest()[:20]
 
 
-def resolve_policy(cfg: PipelineConfig) -> Path:
+def resolve_policy(policy: PolicySettings) -> Path:
     """The configured policy checkpoint. A missing one is built offline only for the CPU transformers backend
     (the demo and tests); for vLLM/GPU configs a missing checkpoint is an error naming the path."""
     from pipeline.policy.loading import check_checkpoint
     from pipeline.policy.tiny import ensure_checkpoint
 
-    if cfg.policy.backend == "transformers" and cfg.policy.device == "cpu":
-        return ensure_checkpoint(cfg.policy.checkpoint, cfg.policy.size, cfg.policy.seed)
-    return check_checkpoint(cfg.policy.checkpoint)
+    if policy.backend == "transformers" and policy.device == "cpu":
+        return ensure_checkpoint(policy.checkpoint, policy.size, policy.seed)
+    return check_checkpoint(policy.checkpoint)
 
 
-def beam_options(cfg: PipelineConfig, extra_args: Sequence[str] = ()) -> PipelineOptions:
+def beam_options(settings: PipelineSettings, extra_args: Sequence[str] = ()) -> PipelineOptions:
     """Beam options: the config's runner and pass-through arguments, then the command line's."""
-    args = [f"--runner={cfg.pipeline.runner}", *cfg.pipeline.beam_args, *extra_args]
+    args = [f"--runner={settings.runner}", *settings.beam_args, *extra_args]
     return PipelineOptions(args)
 
 
@@ -245,7 +247,7 @@ def run_round(cfg: PipelineConfig, round_k: int, checkpoint: str | Path, tasks: 
     for stage in STAGES:  # all before any work: a refused resume touches nothing
         check_stage(manifest, round_path, stage, inputs[stage], chash)
     result = RoundResult(round_path, manifest)
-    options = beam_options(cfg, beam_args)
+    options = beam_options(cfg.pipeline, beam_args)
     for stage in STAGES:
         if manifest.stage_done(stage):
             result.skipped.append(stage)
@@ -286,7 +288,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--checkpoint", default=None, help="policy checkpoint (default: policy.checkpoint)")
     args, beam_args = parser.parse_known_args(argv)
     cfg = load_config(args.config, args.overrides)
-    checkpoint = args.checkpoint or str(resolve_policy(cfg))
+    checkpoint = args.checkpoint or str(resolve_policy(cfg.policy))
     train, _ = resolve_tasks(cfg.tasks)
     res = run_round(cfg, args.round, checkpoint, train, beam_args=beam_args)
     print(f"round {args.round}: {res.round_dir} stages run {list(res.stage_seconds)} skipped {res.skipped}")

@@ -86,7 +86,7 @@ def run_compare(config: str | None, overrides: Sequence[str], estimators: Sequen
         raise ValueError(f"unknown estimator(s) {unknown}; registered: {', '.join(sorted(ESTIMATORS))}")
     compare_dir = Path(base.run.root) / compare_id
     _, eval_tasks = resolve_tasks(base.tasks)
-    policy = resolve_policy(base)
+    policy = resolve_policy(base.policy)
     start = cold_start(base, policy, eval_tasks, compare_dir, console)  # the policy itself when SFT is off
     arms = [ArmSpec(e, s) for e in estimators for s in seeds]
     for arm in arms:  # refuse a bad arm config before any arm spends time

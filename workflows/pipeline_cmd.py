@@ -29,7 +29,7 @@ def run_cmd(
     if runner:
         overrides = [*overrides, f"pipeline.runner={runner}"]
     cfg = load_or_exit(config, overrides)
-    ckpt = check_checkpoint(checkpoint) if checkpoint else resolve_policy(cfg)  # before any worker starts
+    ckpt = check_checkpoint(checkpoint) if checkpoint else resolve_policy(cfg.policy)  # before any worker starts
     train, _ = resolve_tasks(cfg.tasks)
     result = run_round(cfg, round_k, ckpt, train, beam_args=list(ctx.args))  # a RoundConflict exits 1, one line
     print_round_summary(result.round_dir)

@@ -73,7 +73,7 @@ def run_rounds(cfg: DidpoConfig, rounds: int | None = None, console: Console | N
     rounds = rounds or cfg.run.rounds
     run_dir = Path(cfg.run.root) / cfg.run.run_id
     train_tasks, eval_tasks = resolve_tasks(cfg.tasks)
-    policy = resolve_policy(cfg)
+    policy = resolve_policy(cfg.policy)
     policy = cold_start(cfg, policy, eval_tasks, run_dir, console)
     rows = []
     for k in range(rounds):

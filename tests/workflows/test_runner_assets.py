@@ -198,7 +198,7 @@ def test_dataflow_preset_loads_and_builds_dataflow_options():
     assert cfg.pipeline.runner == "DataflowRunner" and cfg.policy.backend == "vllm"
     assert cfg.pipeline.samples_per_task == 32
     assert not cfg.run.root.startswith("gs://"), "tables are written with local renames (docs/runners.md)"
-    options = beam_options(cfg, ["--project=proj", "--sdk_container_image=reg/didpo:1"])
+    options = beam_options(cfg.pipeline, ["--project=proj", "--sdk_container_image=reg/didpo:1"])
     assert options.view_as(StandardOptions).runner == "DataflowRunner"
     assert "use_runner_v2" in options.view_as(DebugOptions).experiments
     assert options.view_as(GoogleCloudOptions).dataflow_service_options == [
@@ -216,4 +216,4 @@ def test_dataflow_preset_tasks_come_from_files_bundled_in_the_image():
 
 def test_command_line_runner_overrides_the_preset():
     cfg = load_config(PRESET, ["pipeline.runner=DirectRunner"])
-    assert beam_options(cfg).view_as(StandardOptions).runner == "DirectRunner"
+    assert beam_options(cfg.pipeline).view_as(StandardOptions).runner == "DirectRunner"
