@@ -9,7 +9,8 @@ How a query runs (the convention of sql/README.md):
 2. `run_layers` creates one view per layered file `sql/<layer>_<name>.sql`, named after the file stem, in
    dependency order: staging_* (typed views over the tables) -> anchors_* -> advantages_*. A view whose
    tables the round lacks is skipped; a query that needs it is refused by `run_query`, naming the table.
-3. `run_query` runs a layered view, an analysis query (`sql/analysis/*.sql`) or any .sql file.
+3. `run_query` runs a layered view, an analysis query (`sql/analysis/*.sql`), a mart (`sql/marts/*.sql`) or
+   any .sql file. `round_metrics` reads the one mart every round report shows.
 4. `sql_advantages` projects the SQL advantages (`advantages_rows`) onto tokens with numpy and returns the
    `advantages` table of the contract, sorted by row_id.
 """
@@ -33,6 +34,7 @@ from pipeline.credit.settings import CreditSettings
 
 SQL_DIR = Path(__file__).resolve().parent.parent / "sql"
 ANALYSIS_DIR = SQL_DIR / "analysis"
+MARTS_DIR = SQL_DIR / "marts"
 LAYERS = ("staging", "anchors", "advantages")  # creation order; a layer reads only earlier layers or its own
 SQL_PARAMS = ("adv_norm", "std_eps", "lam")  # columns of the one-row `params` table
 ESTIMATOR = "didpo"  # the estimator the SQL computes
@@ -132,9 +134,14 @@ def analysis_queries(analysis_dir: Path = ANALYSIS_DIR) -> list[Query]:
     return [_load(path, None) for path in sorted(analysis_dir.glob("*.sql"))]
 
 
+def mart_queries(marts_dir: Path = MARTS_DIR) -> list[Query]:
+    """The marts `sql/marts/*.sql`: the figures reports and commands read, by name."""
+    return [_load(path, None) for path in sorted(marts_dir.glob("*.sql"))]
+
+
 def available_queries() -> list[Query]:
-    """Every named query: layered views first (in creation order), then analysis queries."""
-    queries = layered_queries() + analysis_queries()
+    """Every named query: layered views first (in creation order), then analysis queries, then marts."""
+    queries = layered_queries() + analysis_queries() + mart_queries()
     seen: dict[str, Path] = {}
     for q in queries:
         if q.name in seen:
@@ -152,7 +159,7 @@ def find_query(name_or_file: str | Path) -> Query:
             if q.path.resolve() == path.resolve():
                 return q
         return _load(path, None)
-    name = str(name_or_file).removeprefix("analysis/").removesuffix(".sql")
+    name = str(name_or_file).removeprefix("analysis/").removeprefix("marts/").removesuffix(".sql")
     for q in queries:
         if q.name == name:
             return q
@@ -225,11 +232,13 @@ def _quote(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-def connect_round(round_dir: str | Path, params: Mapping[str, Any] | None = None) -> duckdb.DuckDBPyConnection:
+def connect_round(round_dir: str | Path, params: Mapping[str, Any] | None = None, *,
+                  absent_as_empty: bool = False) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB connection with a view per contract table the round has, plus `params`.
 
     Tables are read in place (no copy). A table folder with no parts is an empty view with the contract
-    columns; a table without a folder has no view. Raises SchemaError for a part that breaks the contract.
+    columns; a table without a folder has no view, unless `absent_as_empty` (a round whose later stages have
+    not run yet: no anchors, no advantages). Raises SchemaError for a part that breaks the contract.
     """
     round_dir = Path(round_dir)
     if not round_dir.is_dir():
@@ -239,6 +248,8 @@ def connect_round(round_dir: str | Path, params: Mapping[str, Any] | None = None
         for table in schema.TABLES:
             folder = schema.table_dir(round_dir, table)
             if not folder.is_dir():
+                if absent_as_empty:
+                    con.register(table, schema.arrow_schema(table).empty_table())
                 continue
             parts = schema.part_files(folder)
             for part in parts:
@@ -329,6 +340,20 @@ def run_query(
         return query_table(con, name_or_file, round_dir)
     finally:
         con.close()
+
+
+ROUND_METRICS = "round_metrics"  # sql/marts/round_metrics.sql
+
+
+def round_metrics(round_dir: str | Path) -> dict[str, Any]:
+    """The `round_metrics` mart of one round as a dict (tables its stages have not written yet count as
+    empty). Every report of a round reads its figures from here."""
+    con = connect_round(round_dir, absent_as_empty=True)
+    try:
+        rows = query_table(con, ROUND_METRICS, round_dir).to_pylist()
+    finally:
+        con.close()
+    return rows[0]
 
 
 # ---- token projection -------------------------------------------------------------------------------------

@@ -1,10 +1,11 @@
 """`didpo report --run DIR [--run DIR2 ...]`: a self-contained HTML page (plus PNGs) about one or more runs.
 
 1. Every `--run` is one estimator arm; its rounds are the `round=<k>` folders (the data contract's tables).
-2. Per round and arm, from the tables: mean episode return, rollout pass rate (rollouts lost to sandbox
-   failures count as not passing), rollouts lost to sandbox failures, invalid-action rate, anchors and
-   coverage (`summary.credit_coverage`: changed tokens whose stored advantage has a diff-level term); the held-out pass rate from the round's manifest
-   (`eval` stage of `didpo round`) and the benchmark table of `didpo eval` (round=<k>/eval/) when there.
+2. Per round and arm, the `round_metrics` mart (sql/marts/round_metrics.sql, what every round report reads):
+   mean episode return, rollout pass rate (rollouts lost to sandbox failures count as not passing), rollouts
+   lost to sandbox failures, invalid-action rate, anchors and coverage (changed tokens whose stored advantage
+   has a diff-level term); the held-out pass rate from the round's manifest (`eval` stage of `didpo round`)
+   and the benchmark table of `didpo eval` (round=<k>/eval/) when there.
 3. Figures (matplotlib, Agg): reward and pass-rate curves per round and arm, advantage distributions
    (per row A^E and per token), anchor group sizes and GS histograms, coverage per round.
 4. A credit-unit explorer: for chosen steps (the ones with the most diff-level credit, or `--step ROW_ID`),
@@ -30,8 +31,8 @@ import pyarrow.parquet as pq
 import typer
 
 from pipeline import schema
+from pipeline.sqlrun import round_metrics
 from workflows.errors import Refused
-from workflows.summary import credit_coverage, rollout_counts
 
 _ROUND_DIR = re.compile(r"^round=(\d+)$")
 REQUIRED = ("trajectories", "steps")  # a round without these has nothing to report
@@ -48,40 +49,49 @@ class ReportError(ValueError):
 
 @dataclass
 class RoundData:
-    """One round of one arm, as read from its tables (lists of row dicts)."""
+    """One round of one arm: its tables (lists of row dicts) for the figures, its mart row for the figures
+    of the round table and the curves."""
 
     k: int
     path: Path
     tables: dict[str, list[dict[str, Any]]]
+    metrics: dict[str, Any]  # the round's `round_metrics` row (pipeline.sqlrun.round_metrics)
     heldout_pass_rate: float | None  # the `eval` stage of `didpo round`, when recorded
-    coverage: float | None  # `summary.credit_coverage`: changed tokens with a diff-level term (None: no change)
     benchmarks: list[dict[str, Any]] = field(default_factory=list)  # round=<k>/eval/eval_summary.parquet rows
 
     def rows(self, name: str) -> list[dict[str, Any]]:
         return self.tables.get(name, [])
 
+    def _figure(self, name: str) -> float:
+        value = self.metrics[name]
+        return math.nan if value is None else value
+
     @property
     def mean_return(self) -> float:
-        return _mean(t["episode_return"] for t in self.rows("trajectories"))
+        return self._figure("mean_return")
 
     @property
     def rollouts(self) -> int:
-        """Rollouts started, those lost to sandbox failures included (workflows/summary.py counts them)."""
-        return rollout_counts(self.rows("trajectories"), self.rows("dead_letter"))[1]
+        """Rollouts started, those lost to sandbox failures included."""
+        return self.metrics["rollouts"]
 
     @property
     def lost_to_sandbox(self) -> int:
-        return rollout_counts(self.rows("trajectories"), self.rows("dead_letter"))[2]
+        return self.metrics["lost_to_sandbox"]
 
     @property
     def pass_rate(self) -> float:
         """Share of started rollouts that pass: a rollout lost to the sandbox counts as not passing."""
-        passed, started, _ = rollout_counts(self.rows("trajectories"), self.rows("dead_letter"))
-        return passed / started if started else math.nan
+        return self._figure("pass_rate")
 
     @property
     def invalid_rate(self) -> float:
-        return _mean(float(s["exec_status"] == "invalid_action") for s in self.rows("steps"))
+        return self._figure("invalid_rate")
+
+    @property
+    def coverage(self) -> float | None:
+        """Changed tokens whose stored advantage has a diff-level term (None: no change, or no credit yet)."""
+        return self.metrics["coverage"]
 
 
 @dataclass
@@ -91,11 +101,6 @@ class Arm:
     name: str  # label in legends: "<run> (<estimator>, lambda=<lam>)"
     path: Path
     rounds: list[RoundData] = field(default_factory=list)
-
-
-def _mean(values) -> float:
-    values = list(values)
-    return sum(values) / len(values) if values else math.nan
 
 
 def _read_round(path: Path, k: int) -> RoundData:
@@ -113,12 +118,9 @@ def _read_round(path: Path, k: int) -> RoundData:
         heldout = stages.get("eval", {}).get("metrics", {}).get("pass_rate")
     except (FileNotFoundError, ValueError):
         pass  # a round folder written by hand (no manifest) still reports its tables
-    coverage = None
-    if tables["steps"] and "subdiffs" in tables and "advantages" in tables:
-        coverage = credit_coverage(path, tables["advantages"])
     summary = path / "eval" / "eval_summary.parquet"  # `didpo eval --out round=<k>/eval` (the Airflow DAG)
     benchmarks = pq.read_table(summary).to_pylist() if summary.is_file() else []
-    return RoundData(k, path, tables, heldout, coverage, benchmarks)
+    return RoundData(k, path, tables, round_metrics(path), heldout, benchmarks)
 
 
 def load_arm(run_dir: str | Path) -> Arm:
@@ -397,9 +399,9 @@ def _round_table(arms: Sequence[Arm]) -> str:
     rows = []
     for arm in arms:
         for r in arm.rounds:
-            cells = (html.escape(arm.name), r.k, r.rollouts, r.lost_to_sandbox, len(r.rows("steps")),
+            cells = (html.escape(arm.name), r.k, r.rollouts, r.lost_to_sandbox, r.metrics["steps"],
                      _num(r.mean_return, "+.3f"), _num(r.pass_rate, ".2f"), _num(r.heldout_pass_rate, ".2f"),
-                     _num(r.invalid_rate, ".2f"), len(r.rows("anchors")), _num(r.coverage, ".2f"))
+                     _num(r.invalid_rate, ".2f"), r.metrics["anchors"], _num(r.coverage, ".2f"))
             rows.append("<tr>" + "".join(f'<td{" class=l" if i == 0 else ""}>{c}</td>'
                                          for i, c in enumerate(cells)) + "</tr>")
     header = "".join(f'<th{" class=l" if i == 0 else ""}>{h}</th>' for i, h in enumerate(head))

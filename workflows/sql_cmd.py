@@ -21,6 +21,7 @@ from rich.table import Table
 
 from pipeline import schema
 from pipeline.sqlrun import (
+    MARTS_DIR,
     SQL_PARAMS,
     Query,
     SqlError,
@@ -97,7 +98,8 @@ def _list_queries(console: Console) -> None:
     table.add_column("kind")
     table.add_column("what it answers", overflow="fold")
     for q in available_queries():
-        table.add_row(q.name, f"view ({q.layer})" if q.layer else "analysis", q.summary if q.layer else q.header)
+        kind = f"view ({q.layer})" if q.layer else "mart" if q.path.parent == MARTS_DIR else "analysis"
+        table.add_row(q.name, kind, q.summary if q.layer else q.header)
     console.print(table)
 
 

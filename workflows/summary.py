@@ -1,4 +1,5 @@
-"""A short, readable summary of one pipeline round, computed from its tables.
+"""A short, readable summary of one pipeline round: the `round_metrics` mart (sql/marts/round_metrics.sql),
+which the rounds table, `didpo compare` and the HTML report read too, plus the manifest's stage timings.
 
 Rollouts lost to sandbox failures (dead-lettered at the retry cap: no trajectory or step rows) stay in the
 count: `rollouts` includes them and `pass_rate` counts them as not passing. A policy can make the sandbox fail
@@ -7,7 +8,6 @@ on purpose, so leaving them out of the denominator would reward exactly the traj
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,60 +38,22 @@ class RoundSummary:
     lost_to_sandbox: int = 0  # rollouts dead-lettered at the sandbox retry cap (included in `rollouts`)
 
 
-def rollout_counts(trajs: list[dict], dead: list[dict]) -> tuple[int, int, int]:
-    """(passed, started, lost): lost = distinct trajectories dead-lettered by the sandbox; started includes them."""
-    lost = len({d["key"] for d in dead if d["stage"] == schema.SANDBOX_LOST})
-    return sum(t["outcome"] == 1.0 for t in trajs), len(trajs) + lost, lost
-
-
-def credit_coverage(round_dir: str | Path, advantages: list[dict]) -> float | None:
-    """Share of the response tokens that wrote a change (the sub-diffs' tokens) whose stored advantage has a
-    diff-level term (`n_diff_tokens`): what the trainer's credit covered, whichever estimator wrote it (the
-    paper's anchors, didpo_did's lines, none for grpo). None when no token wrote a change."""
-    from pipeline.sqlrun import run_query
-
-    changed = sum(r["changed_tokens"] for r in run_query(round_dir, "coverage_per_task").to_pylist())
-    return sum(a["n_diff_tokens"] for a in advantages) / changed if changed else None
-
-
 def round_summary(round_dir: str | Path) -> RoundSummary:
+    """The round's mart row; a figure with nothing to average (no anchors, no passing rollout) reads 0."""
+    from pipeline.sqlrun import round_metrics
+
     rd = Path(round_dir)
-
-    def read(name: str) -> list[dict]:
-        return schema.read_table(schema.table_dir(rd, name), name).to_pylist()
-
-    trajs, steps, anchors, adv = read("trajectories"), read("steps"), read("anchors"), read("advantages")
-    dead = read("dead_letter") if schema.table_dir(rd, "dead_letter").is_dir() else []  # none written: no rows
-    passed, started, lost = rollout_counts(trajs, dead)
-    status: dict[str, int] = {}
-    for s in steps:
-        status[s["exec_status"]] = status.get(s["exec_status"], 0) + 1
-    outcomes: dict[str, set] = {}
-    for t in trajs:
-        outcomes.setdefault(t["task_id"], set()).add(t["outcome"])
-    lost_tasks = {json.loads(d["payload_json"])["task_id"] for d in dead if d["stage"] == schema.SANDBOX_LOST}
-    coverage = credit_coverage(rd, adv) if steps else None
-    outcome_of = {t["traj_id"]: t["outcome"] for t in trajs}
-    sums: dict[str, list[float]] = {"passing": [0.0, 0], "failing": [0.0, 0]}
-    for a in adv:
-        key = "passing" if outcome_of.get(a["traj_id"], 0.0) == 1.0 else "failing"
-        sums[key][0] += sum(a["token_advantages"])
-        sums[key][1] += len(a["token_advantages"])
+    m = round_metrics(rd)
     manifest = schema.read_manifest(rd)
-    n_steps = max(len(steps), 1)
     return RoundSummary(
-        round_dir=str(rd), tasks=len(set(outcomes) | lost_tasks), rollouts=started,
-        pass_rate=passed / max(started, 1),
-        mean_return=sum(t["episode_return"] for t in trajs) / max(len(trajs), 1),
-        steps=len(steps), steps_by_status=dict(sorted(status.items())),
-        invalid_rate=status.get("invalid_action", 0) / n_steps,
-        subdiffs=manifest.row_counts.get("subdiffs", 0), anchors=len(anchors),
-        mean_anchor_rows=sum(a["n_rows"] for a in anchors) / max(len(anchors), 1),
-        coverage=coverage or 0.0,
-        mixed_groups=sum(len(v) > 1 for v in outcomes.values()) / max(len(outcomes), 1),
-        mean_adv_by_outcome={k: (v[0] / v[1] if v[1] else 0.0) for k, v in sums.items()},
+        round_dir=str(rd), tasks=m["tasks"], rollouts=m["rollouts"], pass_rate=m["pass_rate"] or 0.0,
+        mean_return=m["mean_return"] or 0.0, steps=m["steps"],
+        steps_by_status={s["status"]: s["n"] for s in m["steps_by_status"]}, invalid_rate=m["invalid_rate"] or 0.0,
+        subdiffs=m["subdiffs"], anchors=m["anchors"], mean_anchor_rows=m["mean_anchor_rows"] or 0.0,
+        coverage=m["coverage"] or 0.0, mixed_groups=m["mixed_groups"] or 0.0,
+        mean_adv_by_outcome={"passing": m["mean_adv_passing"] or 0.0, "failing": m["mean_adv_failing"] or 0.0},
         stage_seconds={k: v.get("seconds", 0.0) for k, v in manifest.stages.items()},
-        dead_letters=len(dead), lost_to_sandbox=lost,
+        dead_letters=m["dead_letters"], lost_to_sandbox=m["lost_to_sandbox"],
     )
 
 

@@ -7,17 +7,6 @@ WITH rows_per_task AS (
     GROUP BY task_id
 ),
 
--- token_spans are the exact ranges; token_start..token_end are only bounds (gaps may lie between)
-changed_spans AS (
-    SELECT task_id, row_id, unnest(token_spans) AS span
-    FROM staging_subdiffs
-),
-
-changed_tokens AS (
-    SELECT DISTINCT task_id, row_id, unnest(range(span.start, span."end")) AS token
-    FROM changed_spans
-),
-
 anchored_spans AS (
     SELECT task_id, row_id, unnest(token_spans) AS span
     FROM anchors_occurrences
@@ -30,7 +19,7 @@ anchored_tokens AS (
 
 changed_per_task AS (
     SELECT task_id, count(DISTINCT row_id) AS rows_with_changes, count(*) AS changed_tokens
-    FROM changed_tokens
+    FROM staging_changed_tokens
     GROUP BY task_id
 ),
 

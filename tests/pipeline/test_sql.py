@@ -19,9 +19,11 @@ from pipeline.sqlrun import (
     analysis_queries,
     connect_round,
     layered_queries,
+    mart_queries,
     project_tokens,
     query_table,
     resolve_round,
+    round_metrics,
     run_layers,
     run_query,
     sql_advantages,
@@ -286,20 +288,59 @@ def test_credit_pass_vs_fail_diff_term_is_the_stored_tables(round_path: Path, tm
 
 
 def test_credit_coverage_is_what_the_stored_advantages_cover(round_path: Path, tmp_path: Path) -> None:
-    """The summary's and the report's coverage: changed tokens whose stored advantage has a diff-level term,
-    so 0 for a grpo arm whatever its anchors, and the projection's count for a didpo one."""
-    from workflows.summary import credit_coverage
-
+    """The mart's coverage (what the summary, the rounds table and the report show): changed tokens whose
+    stored advantage has a diff-level term, so 0 for a grpo arm whatever its anchors, and the projection's
+    count for a didpo one."""
     changed = {(row, t) for _, _, row, span in MEMBERS for s, e in _spans(span) for t in range(s, e)}
     changed |= {(row, t) for _, row, span in UNANCHORED_SUBDIFFS for s, e in _spans(span) for t in range(s, e)}
-    grpo = schema.read_table(schema.table_dir(round_path, "advantages"), "advantages").to_pylist()
-    assert credit_coverage(round_path, grpo) == 0.0
+    assert round_metrics(round_path)["coverage"] == 0.0
     rnd = tmp_path / "round"
     shutil.copytree(round_path, rnd)
     write_advantages(rnd, "didpo")
     didpo = schema.read_table(schema.table_dir(rnd, "advantages"), "advantages").to_pylist()
     covered = sum(reference_tokens(r["row_id"], 1.0, "mean_norm")[1] for r in didpo)
-    assert credit_coverage(rnd, didpo) == pytest.approx(covered / len(changed)) and 0 < covered < len(changed)
+    assert round_metrics(rnd)["coverage"] == pytest.approx(covered / len(changed)) and 0 < covered < len(changed)
+
+
+def test_round_metrics_are_the_rounds_figures_with_lost_rollouts_counted(round_path: Path, tmp_path: Path) -> None:
+    """The mart every round report reads, against the tables computed by hand; a rollout the sandbox lost
+    (dead-lettered at the retry cap) counts as started and not passing, in a task of its own here."""
+    rnd = tmp_path / "round"
+    shutil.copytree(round_path, rnd)
+    adv = write_advantages(rnd, "didpo")
+    lost = {"key": "c1", "stage": schema.SANDBOX_LOST, "reason": "sandbox failed 3 times",
+            "payload_json": '{"task_id": "C", "sample_index": 0}'}
+    other = {"key": "a1t0", "stage": "credit", "reason": "bad row", "payload_json": "{}"}
+    schema.write_table([lost, lost, other], schema.table_dir(rnd, "dead_letter"), "dead_letter")
+    m = round_metrics(rnd)
+    steps = [(f"{t}t{k}", rtg) for t, _, rtgs, _ in TRAJECTORIES for k, rtg in enumerate(rtgs)]
+    invalid = len(INVALID_ROWS)
+    outcome = {t: o for t, _, _, o in TRAJECTORIES}
+    passing = [v for row, values in adv.items() if outcome[row.split("t")[0]] == 1.0 for v in values]
+    failing = [v for row, values in adv.items() if outcome[row.split("t")[0]] != 1.0 for v in values]
+    assert (m["tasks"], m["rollouts"], m["passed"], m["lost_to_sandbox"]) == (3, 5, 1, 1)
+    assert m["pass_rate"] == pytest.approx(1 / 5)
+    assert m["mean_return"] == pytest.approx(np.mean([rtgs[0] for _, _, rtgs, _ in TRAJECTORIES]))
+    assert m["steps"] == len(steps) and m["invalid_rate"] == pytest.approx(invalid / len(steps))
+    assert {s["status"]: s["n"] for s in m["steps_by_status"]} == {"invalid_action": 1, "passed": 2, "failed": 4}
+    assert (m["subdiffs"], m["anchors"]) == (len(MEMBERS) + len(UNANCHORED_SUBDIFFS), len(ANCHORS))
+    assert m["mean_anchor_rows"] == pytest.approx(np.mean([len({r for _, a, r, _ in MEMBERS if a == g}) for g in ANCHORS]))
+    assert m["mixed_groups"] == pytest.approx(1 / 2)  # task A has a pass and fails, task B one outcome
+    assert m["mean_adv_passing"] == pytest.approx(np.mean(passing), abs=1e-6)
+    assert m["mean_adv_failing"] == pytest.approx(np.mean(failing), abs=1e-6)
+    assert m["dead_letters"] == 3
+    assert {q.name for q in mart_queries()} == {"round_metrics"}
+    assert run_query(rnd, "marts/round_metrics").to_pylist() == [m]  # `didpo sql round_metrics` too
+
+
+def test_round_metrics_of_a_round_before_credit(round_path: Path, tmp_path: Path) -> None:
+    """Rollouts only (no sub-diffs, anchors or advantages yet, no dead letters): counts 0, credit figures None."""
+    rnd = tmp_path / "round"
+    for table in ("steps", "trajectories"):
+        shutil.copytree(schema.table_dir(round_path, table), schema.table_dir(rnd, table))
+    m = round_metrics(rnd)
+    assert (m["rollouts"], m["anchors"], m["subdiffs"], m["dead_letters"]) == (len(TRAJECTORIES), 0, 0, 0)
+    assert m["coverage"] is None and m["mean_anchor_rows"] is None and m["mean_adv_passing"] is None
 
 
 def test_coverage_counts_changed_and_anchored_tokens(round_path: Path) -> None:
