@@ -31,12 +31,10 @@ def main() -> None:
     from pipeline.config import load_config
     from pipeline.credit import assign_advantages, credit_units
     from pipeline.credit_io import CREDIT_TABLES, result_tables, steps_from_table
-    from pipeline.policy.generation import TransformersGenerator
-    from pipeline.policy.loading import load_policy, load_tokenizer
+    from pipeline.evaluation import agent_runtime
     from pipeline.policy.tiny import ensure_checkpoint
     from pipeline.rollout import run_rollouts, start_rollouts
     from pipeline.run import STAGES, policy_version, run_round
-    from pipeline.sandbox import Judge, SandboxPool
     from pipeline.tasks.settings import resolve_tasks
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -66,13 +64,12 @@ def main() -> None:
     # --- the same stages as a plain loop ---------------------------------------------------------------
     loop_stages: dict[str, float] = {}
     start = time.perf_counter()
-    tokenizer = load_tokenizer(checkpoint)
-    generator = TransformersGenerator(load_policy(checkpoint), tokenizer, cfg.policy)
     rollouts = [r for t in tasks for r in start_rollouts(
         t, run_id=cfg.run.run_id, round_k=0, samples=cfg.pipeline.samples_per_task, root_seed=cfg.run.seed,
         policy_version=policy_version(checkpoint))]
-    with SandboxPool(cfg.sandbox) as pool:
-        trajs, steps, _ = run_rollouts(rollouts, generator.generate, tokenizer, Judge(pool), cfg.episode,
+    policy = cfg.policy.model_copy(update={"checkpoint": str(checkpoint)})
+    with agent_runtime(policy, cfg.sandbox) as runtime:
+        trajs, steps, _ = run_rollouts(rollouts, runtime.generate, runtime.tokenizer, runtime.judge, cfg.episode,
                                        gamma=cfg.credit.gamma, batch_size=cfg.pipeline.max_batch_size)
     loop_dir = work / "loop"
     schema.write_table(steps, loop_dir / "steps", "steps")

@@ -1,5 +1,10 @@
 """Benchmark evaluation: multi-turn self-repair episodes on held-out benchmarks, scored as pass@k.
 
+The one evaluation module: `didpo eval` (benchmarks, pass@k) and the quick held-out check after each round
+(`quick_eval`) run the same episodes through the same agent runtime.
+
+0. `agent_runtime` builds what an episode needs outside Beam, once, from config sections: the policy's
+   generator (its backend's handler, as the pipeline's RunInference loads it), its tokenizer, a sandbox judge.
 1. `select_benchmark_tasks` loads each benchmark's tasks, leaves out (or refuses) every task that poses a
    problem of the training pool, then proves the result disjoint with `check_disjoint`.
 2. `run_benchmark_episodes` runs n episodes per task through the same episode, generator and sandbox code as
@@ -12,16 +17,23 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.schema import DeadLetterRow, StepRow, TrajectoryRow, atomic_write, write_table
 from pipeline.tasks import BUNDLED_FILES, Task, check_disjoint, load_source, problem_key
+
+if TYPE_CHECKING:
+    from pipeline.agent.settings import EpisodeSettings
+    from pipeline.config import PipelineConfig
+    from pipeline.policy.settings import PolicySettings
+    from pipeline.sandbox.settings import SandboxSettings
 
 # The task-meta field that splits a benchmark into subsets (what the loaders record); others report "all".
 SUBSET_KEYS: Mapping[str, str] = {
@@ -116,15 +128,61 @@ def select_benchmark_tasks(benchmarks: Sequence[str], train: Iterable[Task], *, 
     return selection
 
 
-def run_benchmark_episodes(tasks: Sequence[Task], generate: Any, tokenizer: Any, executor: Any, episode: Any, *,
-                           samples: int, seed: int, gamma: float, batch_size: int, label: str = "eval"
+@dataclass(frozen=True)
+class AgentRuntime:
+    """What an episode needs outside Beam: the policy's `generate(requests)`, its tokenizer, a judge."""
+
+    generate: Callable[..., Any]
+    tokenizer: Any
+    judge: Any
+
+
+@contextmanager
+def agent_runtime(policy: PolicySettings, sandbox: SandboxSettings) -> Iterator[AgentRuntime]:
+    """The runtime of `policy.checkpoint` on its configured backend, with a sandbox pool closed on exit."""
+    from pipeline.policy.handlers import load_generator
+    from pipeline.policy.loading import load_tokenizer
+    from pipeline.sandbox import Judge, SandboxPool
+
+    generator = load_generator(policy)
+    tokenizer = load_tokenizer(policy.checkpoint)
+    with SandboxPool(sandbox) as pool:
+        yield AgentRuntime(generator.generate, tokenizer, Judge(pool))
+
+
+def run_benchmark_episodes(tasks: Sequence[Task], runtime: AgentRuntime, episode: EpisodeSettings, *, samples: int,
+                           seed: int, gamma: float, batch_size: int, label: str = "eval"
                            ) -> tuple[list[TrajectoryRow], list[StepRow], list[Any]]:
     """n = `samples` episodes of every task with the pipeline's rollout loop (same prompts, parser, sandbox)."""
     from pipeline.rollout import run_rollouts, start_rollouts
 
     rollouts = [r for t in tasks for r in start_rollouts(t, run_id=label, round_k=0, samples=samples,
                                                          root_seed=seed, policy_version=label)]
-    return run_rollouts(rollouts, generate, tokenizer, executor, episode, gamma=gamma, batch_size=batch_size)
+    return run_rollouts(rollouts, runtime.generate, runtime.tokenizer, runtime.judge, episode, gamma=gamma,
+                        batch_size=batch_size)
+
+
+def quick_eval(checkpoint: str | Path, tasks: Sequence[Task], cfg: PipelineConfig) -> dict[str, float]:
+    """The held-out check after each round: pass rate (hidden tests; lost episodes count as not passing, as
+    in the round metrics), invalid-action rate, mean turns and mean return (finished episodes) and episodes
+    lost to the sandbox (`infra_failures`) of `checkpoint` on the first `cfg.eval.max_tasks` held-out tasks."""
+    tasks = list(tasks)[: cfg.eval.max_tasks]
+    if not tasks:
+        raise ValueError("quick evaluation needs held-out tasks: tasks.eval selects none")
+    policy = cfg.policy.model_copy(update={"checkpoint": str(checkpoint), "temperature": cfg.eval.temperature})
+    with agent_runtime(policy, cfg.sandbox) as runtime:
+        trajs, steps, dead = run_benchmark_episodes(tasks, runtime, cfg.episode, samples=cfg.eval.samples,
+                                                    seed=cfg.run.seed, gamma=cfg.credit.gamma,
+                                                    batch_size=cfg.pipeline.max_batch_size)
+    n, m = max(len(trajs), 1), max(len(steps), 1)
+    return {
+        "tasks": float(len(tasks)),
+        "pass_rate": sum(t.outcome for t in trajs) / max(len(trajs) + len(dead), 1),
+        "invalid_rate": sum(s.exec_status == "invalid_action" for s in steps) / m,
+        "mean_turns": sum(t.n_turns for t in trajs) / n,
+        "mean_return": sum(t.episode_return for t in trajs) / n,
+        "infra_failures": float(len(dead)),
+    }
 
 
 @dataclass

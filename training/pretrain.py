@@ -295,12 +295,12 @@ def copy_accuracy(checkpoint: Any, files: Sequence[tuple[str, str]], *, n: int, 
     the ends ignored), with a few (expected, got) samples."""
     import torch
 
-    from pipeline.policy.generation import GenerationRequest, TransformersGenerator
-    from pipeline.policy.loading import load_policy, load_tokenizer
+    from pipeline.policy.generation import GenerationRequest
+    from pipeline.policy.handlers import load_generator
+    from pipeline.policy.loading import load_tokenizer
     from pipeline.policy.settings import PolicySettings
 
     tokenizer = load_tokenizer(checkpoint)
-    model = load_policy(checkpoint, dtype="float32", device="cpu")
     rng = random.Random(seed)
     asks, answers = [], []
     while len(asks) < n:
@@ -311,7 +311,7 @@ def copy_accuracy(checkpoint: Any, files: Sequence[tuple[str, str]], *, n: int, 
             answers.append(task[1])
     longest = max(len(tokenizer(a, add_special_tokens=False)["input_ids"]) for a in answers)
     settings = PolicySettings(checkpoint=str(checkpoint), temperature=0.0, max_new_tokens=longest + 8)
-    generator = TransformersGenerator(model, tokenizer, settings, batch_invariant=False)
+    generator = load_generator(settings, batch_invariant=False)
     requests = [GenerationRequest(str(i), list(ids), seed + i) for i, ids in enumerate(asks)]
     with torch.random.fork_rng(devices=[]):
         results = [r for lo in range(0, n, batch_size) for r in generator.generate(requests[lo:lo + batch_size])]

@@ -553,15 +553,16 @@ def evaluate_actions(checkpoint: str | os.PathLike[str], tasks: Sequence[Task], 
     """
     import torch
 
-    from pipeline.policy.generation import GenerationRequest, TransformersGenerator
-    from pipeline.policy.loading import load_policy, load_tokenizer
+    from pipeline.policy.generation import GenerationRequest
+    from pipeline.policy.handlers import load_generator
+    from pipeline.policy.loading import load_tokenizer
 
     if not tasks:
         raise ValueError("evaluate_actions needs at least one task")
     t0 = time.perf_counter()
     tokenizer = load_tokenizer(checkpoint)
-    model = load_policy(checkpoint, dtype="float32", device="cpu")
-    generator = TransformersGenerator(model, tokenizer, policy_settings, batch_invariant=False)
+    generator = load_generator(policy_settings.model_copy(update={"checkpoint": str(checkpoint)}),
+                               batch_invariant=False)
     requests = []
     for i, task in enumerate(tasks):
         text = Episode(task, ReplayExecutor(), episode_settings, tokenizer).render_prompt(tokenizer)

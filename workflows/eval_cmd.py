@@ -52,15 +52,13 @@ def evaluate(cfg: PipelineConfig, policy: Path, benchmarks: Sequence[str], *, tu
              console: Console) -> list[SummaryRow]:
     """Run the evaluation and write/print its tables; returns the summary rows."""
     from pipeline.evaluation import (
+        agent_runtime,
         run_benchmark_episodes,
         select_benchmark_tasks,
         summarize,
         task_results,
         write_results,
     )
-    from pipeline.policy.generation import TransformersGenerator
-    from pipeline.policy.loading import load_policy, load_tokenizer
-    from pipeline.sandbox import Judge, SandboxPool
 
     train = [t for spec in cfg.tasks.train for t in spec.load()]
     selection = select_benchmark_tasks(benchmarks, train, limit=limit, on_overlap=on_overlap)
@@ -74,14 +72,11 @@ def evaluate(cfg: PipelineConfig, policy: Path, benchmarks: Sequence[str], *, tu
     episode = cfg.episode.model_copy(update={"max_turns": turns,
                                              "min_turns_before_finish": min(cfg.episode.min_turns_before_finish,
                                                                             turns)})
-    tokenizer = load_tokenizer(policy)
-    generator = TransformersGenerator(load_policy(policy, dtype=settings.dtype, device=settings.device),
-                                      tokenizer, settings)
     start = time.perf_counter()
-    with SandboxPool(cfg.sandbox) as pool:
+    with agent_runtime(settings, cfg.sandbox) as runtime:
         trajs, steps, dead = run_benchmark_episodes(
-            tasks, generator.generate, tokenizer, Judge(pool), episode, samples=samples, seed=cfg.run.seed,
-            gamma=cfg.credit.gamma, batch_size=cfg.pipeline.max_batch_size)
+            tasks, runtime, episode, samples=samples, seed=cfg.run.seed, gamma=cfg.credit.gamma,
+            batch_size=cfg.pipeline.max_batch_size)
     wall = time.perf_counter() - start
     results = task_results(selection.tasks, trajs, steps)
     rows = summarize(results, samples=samples, ks=ks)

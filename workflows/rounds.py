@@ -54,6 +54,7 @@ class RoundRow:
 
 def run_rounds(cfg: DidpoConfig, rounds: int | None = None, console: Console | None = None) -> list[RoundRow]:
     from pipeline.config import config_hash
+    from pipeline.evaluation import quick_eval
     from pipeline.run import (
         STAGES,
         changed_inputs,
@@ -66,7 +67,6 @@ def run_rounds(cfg: DidpoConfig, rounds: int | None = None, console: Console | N
     )
     from pipeline.tasks.settings import resolve_tasks
     from training.trainer import train_round
-    from workflows.evaluate import quick_eval
     from workflows.summary import round_summary
 
     console = console or Console()

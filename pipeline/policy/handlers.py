@@ -170,6 +170,15 @@ class VllmPolicyHandler(_PolicyHandler):
         return VllmGenerator(llm, tokenizer, self.settings, stop_token_ids(generation_config, tokenizer))
 
 
+def load_generator(settings: PolicySettings, *, batch_invariant: bool = True) -> Any:
+    """The generator of `settings.backend` for `settings.checkpoint`, outside Beam: the same object the
+    pipeline's RunInference loads. Its `generate(requests)` is what an episode calls. `batch_invariant=False`
+    (transformers only; vLLM batches anyway) generates a batch in one padded pass: faster, and still
+    deterministic for a fixed batch (pipeline.policy.generation)."""
+    kwargs = {"batch_invariant": batch_invariant} if settings.backend == "transformers" else {}
+    return make_handler(settings, **kwargs).load_model()
+
+
 def make_handler(settings: PolicySettings, **kwargs: Any) -> _PolicyHandler:
     """The handler of `settings.backend`; kwargs go to its constructor (batch sizes, ...)."""
     handlers: dict[str, type[_PolicyHandler]] = {

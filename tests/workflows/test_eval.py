@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from pipeline.agent.settings import EpisodeSettings
 from pipeline.evaluation import (
+    AgentRuntime,
     TaskResult,
     default_ks,
     parse_benchmarks,
@@ -162,8 +163,8 @@ def test_episodes_in_the_sandbox_score_a_correct_and_a_broken_policy():
     episode = EpisodeSettings(max_turns=1, min_turns_before_finish=0)
     tasks = {"humaneval": [task]}
     with SandboxPool(SandboxSettings(pool_size=1)) as pool:
-        runs = {name: run_benchmark_episodes([task], policy, ChatTokenizerStub(), Judge(pool), episode, samples=2, seed=0,
-                                             gamma=0.95, batch_size=4)
+        runs = {name: run_benchmark_episodes([task], AgentRuntime(policy, ChatTokenizerStub(), Judge(pool)), episode,
+                                             samples=2, seed=0, gamma=0.95, batch_size=4)
                 for name, policy in (("good", good), ("bad", bad))}
     good_rows = summarize(task_results(tasks, *runs["good"][:2]), samples=2, ks=(1, 2))
     bad_rows = summarize(task_results(tasks, *runs["bad"][:2]), samples=2, ks=(1, 2))
@@ -216,3 +217,23 @@ def test_eval_command_prints_and_writes_the_table(tiny_policy, tmp_path):
 def test_eval_command_refuses_bad_options(tmp_path, args, message):
     res = CliRunner().invoke(_app(), ["eval", "--policy", str(tmp_path), *args])
     assert res.exit_code == 2 and message in res.output
+
+
+def test_the_agent_runtime_loads_the_configured_backend(tiny_policy):
+    """Evaluation builds its policy through the backend's handler, as the pipeline's rollouts do: a vLLM
+    config is never evaluated with transformers behind the user's back (here vLLM is not installed)."""
+    from pipeline.evaluation import agent_runtime
+    from pipeline.policy.handlers import BackendUnavailable
+    from pipeline.policy.settings import PolicySettings
+    from pipeline.sandbox.settings import SandboxSettings
+
+    with pytest.raises(BackendUnavailable, match="vllm"), \
+            agent_runtime(PolicySettings(checkpoint=str(tiny_policy), backend="vllm"), SandboxSettings(pool_size=1)):
+        pass
+    task = load_source("humaneval", limit=1)[0]
+    policy = PolicySettings(checkpoint=str(tiny_policy), temperature=0.0, max_new_tokens=8)
+    with agent_runtime(policy, SandboxSettings(pool_size=1)) as runtime:
+        trajs, steps, dead = run_benchmark_episodes([task], runtime, EpisodeSettings(max_turns=1), samples=1,
+                                                    seed=0, gamma=1.0, batch_size=1)
+    assert len(trajs) == 1 and len(steps) == 1 and not dead
+    assert steps[0].response_token_ids and len(steps[0].response_token_ids) <= 8  # the tiny policy generated
