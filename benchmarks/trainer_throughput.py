@@ -5,6 +5,10 @@ the same DeepSpeed engine config, with the KL and entropy terms off so both comp
 tokens/s of each (ours includes building batches; the baseline gets them pre-collated), and the share of our
 step time spent loading data (reading the tables + collating). Targets: ratio >= 0.95, load share < 2%.
 
+Then data parallel: `didpo train` under torchrun with 1 and with 2 processes (one thread each, gloo on CPU),
+the same global batch: the speedup of 2 over 1 in training tokens/s (target >= 1.5 on 2 cores) and the
+largest weight difference between their final checkpoints (target <= 1e-5 in float32).
+
 Run: `HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/trainer_throughput.py [--rows 48] [--epochs 2] [--repeats 2]`
 """
 
@@ -172,10 +176,43 @@ def main() -> None:
         f"data loading: tables {report.wall['load_s']:.4f} s + collate {data_s - report.wall['load_s']:.4f} s "
         f"= {100 * load_share:.2f}% of step time (target < 2%)"
     )
+    # data parallel splits each step's micro-batches over the ranks: a step of several micro-batches
+    speedup, weight_diff = data_parallel(work, info.path, settings.model_copy(update={"micro_batches_per_step": 4}))
     print(
         f"trainer_throughput: ours_tok_s={ours_tok_s:.3f} openrlhf_tok_s={base_tok_s:.3f} "
-        f"ratio={ours_tok_s / base_tok_s:.4f} load_share={load_share:.5f}"
+        f"ratio={ours_tok_s / base_tok_s:.4f} load_share={load_share:.5f} dp2_speedup={speedup:.3f} "
+        f"dp2_max_weight_diff={weight_diff:.3g}"
     )
+
+
+def data_parallel(work: Path, ckpt: Path, settings) -> tuple[float, float]:
+    """`didpo train` with 1 and 2 processes under torchrun: (speedup in training tok/s, max weight diff)."""
+    import subprocess
+
+    import yaml
+
+    from pipeline.policy.loading import load_policy
+    from training.trainer import REPORT_NAME, TrainReport
+
+    config = work / "train.yaml"
+    config.write_text(yaml.safe_dump({"train": settings.model_dump(mode="json")}))
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR",
+                                                             "MASTER_PORT")}
+    env |= {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+    tok_s = {}
+    for n in (1, 2):
+        out = work / f"dp{n}"
+        subprocess.run([sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={n}", "--standalone", "-m",
+                        "workflows.cli", "train", "--round", str(work / "round"), "--policy", str(ckpt), "--out",
+                        str(out), "--config", str(config), "--threads", "1"], env=env, check=True)
+        report = TrainReport.from_json((out / REPORT_NAME).read_text())
+        timed = report.steps[1:]  # the warm-up step left out, as above
+        tok_s[n] = sum(s.tokens for s in timed) / sum(s.data_s + s.compute_s for s in timed)
+        print(f"{'dp' + str(n):<12}{sum(s.tokens for s in timed):>10}"
+              f"{sum(s.data_s + s.compute_s for s in timed):>10.3f}{tok_s[n]:>12.1f}")
+    one, two = (load_policy(work / f"dp{n}").state_dict() for n in (1, 2))
+    diff = max(float((one[k] - two[k]).abs().max()) for k in one)
+    return tok_s[2] / tok_s[1], diff
 
 
 if __name__ == "__main__":

@@ -32,7 +32,8 @@ class TrainSettings(BaseModel):
         8192, gt=0, description="token budget of one micro-batch, counting padding (rows x longest row)"
     )
     micro_batches_per_step: int = Field(
-        1, ge=1, description="micro-batches accumulated into one optimizer step"
+        1, ge=1, description="micro-batches accumulated into one optimizer step (the global batch: under data "
+        "parallelism each rank trains every world-th of them, so set it to a multiple of the world size)"
     )
     eps_clip: float = Field(
         0.2, gt=0.0, lt=1.0, description="PPO clip range, used when eps_low/eps_high are unset"

@@ -256,17 +256,58 @@ def response_logprobs(
     """Log-probs of every row's response tokens under `actor` (eval mode): row index -> float32 (R,) on CPU.
 
     Uses the same micro-batches as training, so a first step on unchanged weights sees a ratio of exactly 1.
+    Under data parallelism each rank scores every world-th micro-batch and the ranks exchange the results
+    (every rank trains on rows of any micro-batch over the epochs).
     """
+    rank, world = _rank_and_world()
     was_training = actor.training
     actor.eval()
     out: dict[int, torch.Tensor] = {}
-    for k in range(plan.batches_per_epoch):
+    for k in range(rank, plan.batches_per_epoch, world):
         batch = plan.batch(Cursor(0, k)).to(device)
         logp = actor(batch.input_ids, action_mask=batch.action_mask, attention_mask=batch.attention_mask)
         for i, values in zip(batch.row_index, batch.gather(logp.float().cpu()), strict=True):
             out[i] = values
     actor.train(was_training)
+    if world > 1:
+        import torch.distributed as dist
+
+        parts: list[dict[int, torch.Tensor]] = [{} for _ in range(world)]
+        dist.all_gather_object(parts, out)
+        out = {i: v for part in parts for i, v in part.items()}
     return out
+
+
+STEP_LOSS_METRICS = ("approx_kl", "clip_frac", "entropy", "loss", "policy_loss", "ref_kl")  # `batch_loss`'s
+
+
+def _rank_and_world() -> tuple[int, int]:
+    import torch.distributed as dist
+
+    return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+
+
+def step_shard(lo: int, hi: int, rank: int, world: int) -> list[int]:
+    """The micro-batches of one optimizer step, [lo, hi), that `rank` of `world` trains on: every world-th,
+    so the split depends only on the plan (never on timing), and ranks differ by at most one micro-batch."""
+    return list(range(lo + rank, hi, world))
+
+
+def _reduce_step(parts: list[dict[str, float]], tokens: int, t_compute: float, world: int
+                 ) -> tuple[dict[str, float], int, float]:
+    """One step's metrics over every rank's micro-batches: means of each metric, total tokens, the slowest
+    rank's compute seconds. With one process the local values, computed exactly as before."""
+    if world == 1:
+        return {key: sum(p[key] for p in parts) / len(parts) for key in parts[0]}, tokens, t_compute
+    import torch.distributed as dist
+
+    names = STEP_LOSS_METRICS  # the same on every rank, also on one without a micro-batch this step
+    sums = torch.tensor([len(parts), tokens, *(sum(p[k] for p in parts) for k in names)], dtype=torch.float64)
+    dist.all_reduce(sums)
+    slowest = torch.tensor([t_compute], dtype=torch.float64)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    count = float(sums[0])
+    return ({k: float(v) / count for k, v in zip(names, sums[2:], strict=True)}, int(sums[1]), float(slowest[0]))
 
 
 def _grid(batch: Batch, per_row: dict[int, torch.Tensor]) -> torch.Tensor:
@@ -290,9 +331,15 @@ def _save_state(engine: Any, state_dir: Path, step: int, cursor: Cursor, plan_id
         "didpo_rng": torch.get_rng_state(),
     }
     engine.save_checkpoint(str(state_dir), tag=tag, client_state=client)  # writes `latest` after the tag
-    for old in state_dir.glob("step*"):
-        if old.name != tag:
-            shutil.rmtree(old, ignore_errors=True)
+    rank, world = _rank_and_world()
+    if world > 1:
+        import torch.distributed as dist
+
+        dist.barrier()  # every rank has written its part of the tag before older tags go
+    if rank == 0:
+        for old in state_dir.glob("step*"):
+            if old.name != tag:
+                shutil.rmtree(old, ignore_errors=True)
 
 
 def copy_tokenizer(src: Path, dst: Path) -> None:
@@ -348,6 +395,7 @@ def train_round(
         raise ValueError(f"max_steps must be >= 0 or None, got {max_steps}")
 
     device = ensure_distributed()
+    rank, world = _rank_and_world()
     cuda = device.type == "cuda"
     wall = {"load_s": 0.0, "prepare_s": 0.0, "data_s": 0.0, "compute_s": 0.0, "save_s": 0.0}
 
@@ -362,7 +410,7 @@ def train_round(
     plan_id = _plan_id(data, settings)
     wall["load_s"] = time.perf_counter() - t0
     if total_steps == 0:
-        return _nothing_to_train(init, out, data, wall, t_start)
+        return _nothing_to_train(init, out, data, wall, t_start, rank=rank)
 
     with _determinism(settings.deterministic, settings.seed):
         model = load_policy(init, dtype="float32", device=str(device))
@@ -430,17 +478,23 @@ def train_round(
             tokens = 0
             parts: list[dict[str, float]] = []
             grad_norm = float("nan")
-            for j in range(lo, hi):
+            # Data parallel: this rank's share of the step's micro-batches. DeepSpeed averages the gradients
+            # over ranks, so each loss is scaled by world / (hi - lo): the step's gradient is the mean over all
+            # its micro-batches, as in one process. A rank without a micro-batch (a step shorter than the
+            # world) still takes part in the reduction with a zero-weighted one.
+            mine = step_shard(lo, hi, rank, world)
+            for n_mine, j in enumerate(mine or [lo]):
                 t0 = time.perf_counter()
                 batch = plan.batch(Cursor(epoch, j))
                 old_grid = _grid(batch, old).to(device)
                 ref_grid = _grid(batch, ref).to(device) if ref is not None else None
                 batch.to(device)
                 t1 = time.perf_counter()
-                engine.set_gradient_accumulation_boundary(j == hi - 1)
+                boundary = n_mine == max(len(mine), 1) - 1
+                engine.set_gradient_accumulation_boundary(boundary)
                 loss, m = batch_loss(engine, batch, old_grid, ref_grid, policy_loss, settings)
-                engine.backward(loss / (hi - lo))
-                if j == hi - 1:
+                engine.backward(loss * world / (hi - lo) if mine else loss * 0.0)
+                if boundary:
                     grad_norm = _grad_norm(engine)
                     engine.step()
                     if grad_norm != grad_norm:  # ZeRO partitions the grads: the engine measured the norm
@@ -449,10 +503,11 @@ def train_round(
                     torch.cuda.synchronize(device)
                 t_data += t1 - t0
                 t_compute += time.perf_counter() - t1
-                tokens += batch.n_tokens
-                parts.append(m)
+                if mine:
+                    tokens += batch.n_tokens
+                    parts.append(m)
             step += 1
-            mean = {key: sum(p[key] for p in parts) / len(parts) for key in parts[0]}
+            mean, tokens, t_compute = _reduce_step(parts, tokens, t_compute, world)
             metrics.append(
                 StepMetrics(
                     step=step,
@@ -478,7 +533,7 @@ def train_round(
         if step != last_saved or step == total_steps:
             _save_state(engine, state_dir, step, _cursor_of(step, steps_per_epoch, gas), plan_id)
         completed = step >= total_steps
-        if completed:
+        if completed and rank == 0:  # one writer: every rank holds the same weights
             engine.module.model.save_pretrained(out)
             copy_tokenizer(init, out)
         wall["save_s"] += time.perf_counter() - t0
@@ -494,16 +549,26 @@ def train_round(
         steps=metrics,
         wall=wall,
     )
-    if completed:
+    if completed and rank == 0:
         tmp = out / f".{REPORT_NAME}.tmp"
         tmp.write_text(report.to_json() + "\n")
         os.replace(tmp, out / REPORT_NAME)  # atomic: the report appears whole, after the checkpoint
+    if world > 1:
+        import torch.distributed as dist
+
+        dist.barrier()  # no rank returns before the checkpoint and report are in place
     return report
 
 
-def _nothing_to_train(init: Path, out: Path, data: Any, wall: dict[str, float], t_start: float) -> TrainReport:
+def _nothing_to_train(init: Path, out: Path, data: Any, wall: dict[str, float], t_start: float, *,
+                      rank: int = 0) -> TrainReport:
     """A round without one trainable row (e.g. every group had equal rewards): the policy carries over
-    unchanged, saved as this round's checkpoint, and the report says why (its counts)."""
+    unchanged, saved as this round's checkpoint (by rank 0), and the report says why (its counts)."""
+    if rank != 0:
+        import torch.distributed as dist
+
+        dist.barrier()  # rank 0 writes; the others wait for it
+        return TrainReport.from_json((out / REPORT_NAME).read_text())
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     for f in init.iterdir():
@@ -516,6 +581,10 @@ def _nothing_to_train(init: Path, out: Path, data: Any, wall: dict[str, float], 
     if out.exists():
         out.rmdir()  # empty (checked by the caller)
     os.replace(tmp, out)
+    if _rank_and_world()[1] > 1:
+        import torch.distributed as dist
+
+        dist.barrier()
     return report
 
 

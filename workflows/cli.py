@@ -36,6 +36,7 @@ from workflows.report import report_cmd
 from workflows.sft_cmd import sft
 from workflows.sql_cmd import sql
 from workflows.tasks_cmd import tasks_app
+from workflows.train_cmd import train_cmd
 
 app = typer.Typer(cls=DidpoGroup, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="DiDPO: diff-level credit assignment for RL on multi-turn coding agents.")
@@ -48,6 +49,7 @@ app.command("exec")(exec_cmd)
 app.command("episode")(episode_cmd)
 app.command("credit")(credit)
 app.command("sft")(sft)
+app.command("train")(train_cmd)
 app.command("eval")(eval_cmd)
 app.command("report")(report_cmd)
 app.add_typer(pipeline_app, name="pipeline")

@@ -1,15 +1,21 @@
 """The offline policy update on the tiny Qwen2 policy: direction of learning, estimator equivalence at
-lambda = 0, bitwise resume after a kill, schema refusal, and no loss on padding."""
+lambda = 0, bitwise resume after a kill, schema refusal, no loss on padding, and data parallel training for
+real: `didpo train` under torchrun with 2 CPU processes (gloo) trains like one process on the same global
+batch, and a round killed at 2 processes resumes at 1 to the same weights."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pytest
 import torch
+import yaml
 from builders import advantage_row, step_row, write_steps_and_advantages
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -21,10 +27,13 @@ from pipeline.schema import SchemaError, content_id, read_table, table_dir, writ
 from training.data import BatchPlan, Cursor, load_round  # noqa: E402
 from training.settings import TrainSettings  # noqa: E402
 from training.trainer import (  # noqa: E402
+    REPORT_NAME,
+    TrainReport,
     batch_loss,
     make_actor,
     make_policy_loss,
     response_logprobs,
+    step_shard,
     train_round,
 )
 
@@ -257,3 +266,69 @@ def test_a_round_without_trainable_rows_carries_the_policy_over(ckpt, tmp_path):
     assert_same_weights(ckpt, tmp_path / "out")  # unchanged, and a loadable checkpoint
     again = train_round(root, ckpt, tmp_path / "out", TrainSettings(**FAST))
     assert again.total_steps == 0  # the stored report: a rerun does nothing
+
+
+# ---- data parallel ------------------------------------------------------------------------------------------
+
+# 8 rows of <= 32 tokens: several micro-batches per step, so each rank gets its own share
+DP_SETTINGS = TrainSettings(lr=3e-3, max_tokens_per_batch=32, grad_clip=1.0, seed=0, epochs=2, micro_batches_per_step=4,
+                         warmup_steps=1, schedule="cosine", kl_coef=0.1, entropy_coef=0.01, save_every=1)
+TOLERANCE = 1e-5  # float32, the reduction order differs
+
+
+def torchrun(tmp_path: Path, ckpt: Path, root: Path, out: Path, *extra: str, nproc: int = 2
+             ) -> subprocess.CompletedProcess:
+    config = tmp_path / "train.yaml"
+    config.write_text(yaml.safe_dump({"train": DP_SETTINGS.model_dump(mode="json")}))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):  # this process's group
+        env.pop(key, None)
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--standalone",
+           "-m", "workflows.cli", "train", "--round", str(root), "--policy", str(ckpt), "--out", str(out),
+           "--config", str(config), *extra]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done
+
+
+def max_weight_diff(a: Path, b: Path) -> float:
+    wa, wb = weights(a), weights(b)
+    assert wa.keys() == wb.keys()
+    return max(float((wa[k] - wb[k]).abs().max()) for k in wa)
+
+
+def test_each_rank_trains_its_own_share_of_a_step():
+    shards = [step_shard(4, 9, r, 2) for r in range(2)]
+    assert shards == [[4, 6, 8], [5, 7]]  # disjoint, together the whole step, sizes within one
+    assert step_shard(0, 1, 1, 2) == []  # a step shorter than the world: rank 1 joins with a zero-weighted batch
+
+
+@pytest.mark.slow
+def test_two_processes_train_like_one(ckpt, tmp_path):
+    root = write_round(tmp_path / "round", vocab_size(ckpt), n_rows=8)
+    one = train_round(root, ckpt, tmp_path / "one", DP_SETTINGS, reference_checkpoint=ckpt)
+    assert one.completed and one.total_steps >= 2
+    done = torchrun(tmp_path, ckpt, root, tmp_path / "two")
+    assert done.stdout.count("train:") == 1  # one rank speaks
+    two = TrainReport.from_json((tmp_path / "two" / REPORT_NAME).read_text())
+    assert two.completed and two.total_steps == one.total_steps and two.counts == one.counts
+    for a, b in zip(one.steps, two.steps, strict=True):
+        assert a.tokens == b.tokens  # metrics are reduced over ranks: the step's tokens, not one rank's
+        for name in ("loss", "policy_loss", "approx_kl", "ref_kl", "entropy", "grad_norm"):
+            assert getattr(b, name) == pytest.approx(getattr(a, name), abs=TOLERANCE, rel=TOLERANCE), name
+    assert max_weight_diff(tmp_path / "one", tmp_path / "two") <= TOLERANCE
+    files = sorted(p.name for p in (tmp_path / "two").iterdir())
+    assert "model.safetensors" in files and REPORT_NAME in files  # written once, by rank 0
+
+
+@pytest.mark.slow
+def test_a_round_killed_at_two_processes_resumes_at_one(ckpt, tmp_path):
+    root = write_round(tmp_path / "round", vocab_size(ckpt), n_rows=8)
+    one = train_round(root, ckpt, tmp_path / "one", DP_SETTINGS, reference_checkpoint=ckpt)
+    torchrun(tmp_path, ckpt, root, tmp_path / "resumed", "--max-steps", "1")
+    assert not (tmp_path / "resumed" / REPORT_NAME).exists()
+    rest = train_round(root, ckpt, tmp_path / "resumed", DP_SETTINGS, reference_checkpoint=ckpt)
+    assert rest.completed and rest.resumed_from_step == 1
+    assert [s.loss for s in rest.steps] == pytest.approx([s.loss for s in one.steps[1:]], abs=TOLERANCE)
+    assert max_weight_diff(tmp_path / "one", tmp_path / "resumed") <= TOLERANCE
+    assert json.loads((tmp_path / "resumed" / REPORT_NAME).read_text())["steps_done"] == one.total_steps
