@@ -4,7 +4,7 @@
 2. ReadSteps -> Credit(ToCreditInputs -> ShardByScope -> CreditPerGroup) -> WriteTables: sub-diffs,
    anchors and the advantages table the trainer reads, all from the one credit path (`pipeline.credit`);
    the DuckDB SQL over the tables (`pipeline.sqlrun`) recomputes didpo's as a parity check and for analysis
-3. manifest.json records each completed stage with the inputs it read (`STAGE_INPUTS`); a rerun skips
+3. manifest.json records each completed stage with the inputs it read (`ROUND_STAGES`); a rerun skips
    completed stages and redoes an interrupted one from scratch (its parts are deterministic), so a killed run
    finishes with exactly the same tables. A rerun whose inputs differ for a completed stage is refused.
 
@@ -23,7 +23,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
@@ -42,30 +42,54 @@ from pipeline.transforms.tables import ReadTable, WriteTable
 
 log = get_logger(__name__)
 
-STAGES = ("rollouts", "credit")
-STAGE_TABLES = {
-    "rollouts": ("trajectories", "steps", "dead_letter"),
-    "credit": (*OUTPUTS, "dead_letter"),
-}
+@dataclass(frozen=True)
+class Stage:
+    """One stage of a round, declared once: what it reads (the inputs a resume compares) and what it writes.
 
+    A stage's dead letters are its own parts of the shared `dead_letter` table (`part-<name>-*.parquet`), so
+    a stage that restarts clears its own and no other stage's.
+    """
 
-class StageInputs(NamedTuple):
-    config: tuple[str, ...]  # config sections ("credit") or single keys ("credit.gamma") the stage reads
+    name: str
+    reads: tuple[str, ...]  # config sections ("credit") or single keys ("credit.gamma") the stage reads
     after: tuple[str, ...] = ()  # stages whose outputs it reads: their fingerprints are its inputs
+    tables: tuple[str, ...] = ()  # contract tables it writes whole (train writes round=<k>/policy instead)
+    dead_letters: bool = False  # whether it writes dead letters
+
+    @property
+    def dead_letter_prefix(self) -> str:
+        return f"{self.name}-"
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        return (*self.tables, "dead_letter") if self.dead_letters else self.tables
+
+    def clear(self, round_path: Path) -> None:
+        """Remove what an interrupted run of this stage may have left (its parts are deterministic)."""
+        for table in self.tables:
+            folder = schema.table_dir(round_path, table)
+            if folder.exists():
+                shutil.rmtree(folder)
+        if self.dead_letters:
+            for f in schema.table_dir(round_path, "dead_letter").glob(f"part-{self.dead_letter_prefix}*.parquet"):
+                f.unlink()
 
 
-# What each stage reads: the one place resume compares. Nothing else in the config (logging, report, runner
-# and Beam options, shard counts, other stages' sections) can block a resume. `didpo round` adds train and
-# eval (workflows/rounds.py); the rollouts stage also reads the policy's identity and the training tasks,
-# eval the held-out tasks (`stage_inputs`).
-STAGE_INPUTS: dict[str, StageInputs] = {
-    "rollouts": StageInputs(("run.run_id", "run.seed", "policy", "episode", "sandbox", "pipeline.samples_per_task",
-                             "pipeline.min_batch_size", "pipeline.max_batch_size", "credit.gamma")),
-    "credit": StageInputs(("credit",), ("rollouts",)),
-    "train": StageInputs(("train",), ("credit",)),
-    "eval": StageInputs(("eval", "run.seed", "policy", "episode", "sandbox", "pipeline.max_batch_size",
-                         "credit.gamma"), ("train",)),
-}
+# Every stage of a round, in order: the one place resume compares. Nothing else in the config (logging,
+# report, runner and Beam options, shard counts, other stages' sections) can block a resume. The pipeline
+# runs the first two (`STAGES`); `didpo round` adds train and eval (workflows/rounds.py). The rollouts
+# stage also reads the policy's identity and the training tasks, eval the held-out tasks (`stage_inputs`).
+ROUND_STAGES: tuple[Stage, ...] = (
+    Stage("rollouts", ("run.run_id", "run.seed", "policy", "episode", "sandbox", "pipeline.samples_per_task",
+                       "pipeline.min_batch_size", "pipeline.max_batch_size", "credit.gamma"),
+          tables=("trajectories", "steps"), dead_letters=True),
+    Stage("credit", ("credit",), ("rollouts",), tables=OUTPUTS, dead_letters=True),
+    Stage("train", ("train",), ("credit",)),
+    Stage("eval", ("eval", "run.seed", "policy", "episode", "sandbox", "pipeline.max_batch_size", "credit.gamma"),
+          ("train",)),
+)
+STAGE = {s.name: s for s in ROUND_STAGES}
+STAGES = ("rollouts", "credit")  # the pipeline's stages (`run_round`)
 
 
 def git_sha() -> str:
@@ -129,7 +153,7 @@ def build_rollout_pipeline(options: PipelineOptions, cfg: PipelineConfig, tasks:
     out["trajectories"] | "WriteTrajectories" >> WriteTable(round_path, "trajectories", key_fn=lambda r: r.task_id,
                                                             sort_key=lambda r: r.traj_id, num_shards=n)
     out["dead_letter"] | "WriteDeadLetters" >> WriteTable(round_path, "dead_letter", key_fn=lambda r: r.key,
-                                                          num_shards=1, prefix="rollouts-")
+                                                          num_shards=1, prefix=STAGE["rollouts"].dead_letter_prefix)
     return p
 
 
@@ -147,7 +171,7 @@ def build_credit_pipeline(options: PipelineOptions, cfg: PipelineConfig, round_p
                                           sort_key=lambda r, k=sort[name]: (r[k], r.get("anchor_id", "")),
                                           num_shards=n)
     units[DEAD] | "WriteDeadLetters" >> WriteTable(round_path, "dead_letter", key_fn=lambda r: r.key,
-                                                   num_shards=1, prefix="credit-")
+                                                   num_shards=1, prefix=STAGE["credit"].dead_letter_prefix)
     return p
 
 
@@ -176,16 +200,16 @@ def tasks_fingerprint(tasks: Sequence[Task]) -> str:
 
 def stage_inputs(cfg: PipelineConfig, *, version: str, tasks: Sequence[Task], eval_tasks: Sequence[Task] = ()
                  ) -> dict[str, dict[str, Any]]:
-    """Every stage's inputs, in stage order: the config keys `STAGE_INPUTS` names with their values, the
+    """Every stage's inputs, in stage order: the config keys its `Stage.reads` names with their values, the
     fingerprints of the stages it reads after, and the policy and tasks where the stage reads them."""
     config = _flat(cfg.model_dump(mode="json"))
     extra = {"rollouts": {"policy_version": version, "tasks": tasks_fingerprint(tasks)},
              "eval": {"tasks": tasks_fingerprint(list(eval_tasks)[: cfg.eval.max_tasks])}}
     out: dict[str, dict[str, Any]] = {}
-    for stage, reads in STAGE_INPUTS.items():
-        inputs = {k: v for k, v in config.items() if any(k == r or k.startswith(r + ".") for r in reads.config)}
-        inputs |= {f"{up} stage": schema.content_id(out[up]) for up in reads.after}
-        out[stage] = inputs | extra.get(stage, {})
+    for stage in ROUND_STAGES:
+        inputs = {k: v for k, v in config.items() if any(k == r or k.startswith(r + ".") for r in stage.reads)}
+        inputs |= {f"{up} stage": schema.content_id(out[up]) for up in stage.after}
+        out[stage.name] = inputs | extra.get(stage.name, {})
     return out
 
 
@@ -252,13 +276,7 @@ def run_round(cfg: PipelineConfig, round_k: int, checkpoint: str | Path, tasks: 
         if manifest.stage_done(stage):
             result.skipped.append(stage)
         else:
-            for table in STAGE_TABLES[stage]:  # an interrupted stage restarts clean: its parts are deterministic
-                folder = schema.table_dir(round_path, table)
-                if table == "dead_letter":
-                    for f in folder.glob(f"part-{stage}-*.parquet"):
-                        f.unlink()
-                elif folder.exists():
-                    shutil.rmtree(folder)
+            STAGE[stage].clear(round_path)  # an interrupted stage restarts clean
             start = time.perf_counter()
             log.info("round %d: stage %s", round_k, stage)
             if stage == "rollouts":
@@ -267,7 +285,7 @@ def run_round(cfg: PipelineConfig, round_k: int, checkpoint: str | Path, tasks: 
                 ).wait_until_finish()
             else:
                 build_credit_pipeline(options, cfg, round_path).run().wait_until_finish()
-            for table in STAGE_TABLES[stage]:
+            for table in STAGE[stage].outputs:
                 schema.table_dir(round_path, table).mkdir(parents=True, exist_ok=True)  # empty = no rows
                 manifest.row_counts[table] = _count(round_path, table)
             seconds = time.perf_counter() - start

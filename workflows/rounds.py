@@ -5,7 +5,7 @@
 2. For each round k: the Beam pipeline with policy k writes runs/<run_id>/round=<k>/ tables.
 3. The trainer updates policy k on that round's advantages into round=<k>/policy (= policy k+1).
 4. A quick held-out evaluation of policy k+1 (same episodes and sandbox, greedy).
-5. Every stage is recorded in the round's manifest with the inputs it read (pipeline/run.py `STAGE_INPUTS`):
+5. Every stage is recorded in the round's manifest with the inputs it read (pipeline/run.py `ROUND_STAGES`):
    a rerun resumes where it stopped, and refuses a completed stage whose inputs changed; eval, which nothing
    downstream reads, is measured again instead.
 The estimator and lambda come from the config, so the same command runs GRPO, GiGPO or DiDPO arms.

@@ -11,7 +11,7 @@ import pytest
 
 from pipeline import schema
 from pipeline.config import load_config
-from pipeline.run import STAGE_INPUTS, STAGES, RoundConflict, run_round, stage_inputs
+from pipeline.run import ROUND_STAGES, STAGES, RoundConflict, run_round, stage_inputs
 from pipeline.tasks import load_source
 
 pytestmark = pytest.mark.slow
@@ -146,7 +146,7 @@ def test_a_credit_key_refuses_credit_but_keeps_rollouts(full_round, tmp_path, ti
 def test_stage_inputs_hold_only_what_each_stage_reads(tasks):
     base = _config("runs")
     inputs = stage_inputs(base, version="v", tasks=tasks)
-    assert list(inputs) == list(STAGE_INPUTS) and inputs["credit"]["rollouts stage"]
+    assert list(inputs) == [s.name for s in ROUND_STAGES] and inputs["credit"]["rollouts stage"]
     same = stage_inputs(_config("elsewhere", **{"logging.level": "ERROR", "eval.samples": 3, "run.rounds": 5}),
                         version="v", tasks=tasks)
     assert {s: same[s] for s in STAGES} == {s: inputs[s] for s in STAGES}
@@ -176,3 +176,21 @@ def test_the_stored_advantages_are_the_credit_paths_and_sql_recomputes_them(full
         assert by_row[rid]["episode_advantage"] == pytest.approx(a_e, abs=1e-6)
         np.testing.assert_allclose(by_row[rid]["token_advantages"], tokens, atol=1e-6)
         np.testing.assert_allclose(sql[rid]["token_advantages"], by_row[rid]["token_advantages"], atol=1e-5)
+
+
+def test_a_restarted_stage_clears_its_own_outputs_and_dead_letters_only(tmp_path):
+    """Dead letters are a declared output: the credit stage's parts of the shared table go with its tables,
+    the rollouts stage's stay, and so do the rollouts' tables."""
+    from pipeline import schema
+    from pipeline.run import STAGE
+
+    lost = {"key": "k", "stage": "execute", "reason": "r", "payload_json": "{}"}
+    folder = schema.table_dir(tmp_path, "dead_letter")
+    for stage in ("rollouts", "credit"):
+        schema.write_table([lost], folder, "dead_letter", part=f"{STAGE[stage].dead_letter_prefix}00000")
+    for table in ("steps", "advantages"):
+        schema.table_dir(tmp_path, table).mkdir(parents=True)
+    STAGE["credit"].clear(tmp_path)
+    assert [p.name for p in schema.part_files(folder)] == ["part-rollouts-00000.parquet"]
+    assert schema.table_dir(tmp_path, "steps").is_dir() and not schema.table_dir(tmp_path, "advantages").exists()
+    assert STAGE["credit"].outputs[-1] == "dead_letter" and STAGE["train"].outputs == ()
