@@ -148,13 +148,24 @@ def build_rollout_pipeline(options: PipelineOptions, cfg: PipelineConfig, tasks:
             gamma=cfg.credit.gamma, episode=cfg.episode, sandbox=cfg.sandbox)
     )
     n = cfg.pipeline.num_shards
-    out["steps"] | "WriteSteps" >> WriteTable(round_path, "steps", key_fn=lambda r: r.task_id,
-                                              sort_key=lambda r: (r.task_id, r.traj_id, r.turn), num_shards=n)
-    out["trajectories"] | "WriteTrajectories" >> WriteTable(round_path, "trajectories", key_fn=lambda r: r.task_id,
-                                                            sort_key=lambda r: r.traj_id, num_shards=n)
-    out["dead_letter"] | "WriteDeadLetters" >> WriteTable(round_path, "dead_letter", key_fn=lambda r: r.key,
-                                                          num_shards=1, prefix=STAGE["rollouts"].dead_letter_prefix)
+    written = (
+        out["steps"] | "WriteSteps" >> WriteTable(round_path, "steps", key_fn=lambda r: r.task_id,
+                                                  sort_key=lambda r: (r.task_id, r.traj_id, r.turn), num_shards=n),
+        out["trajectories"] | "WriteTrajectories" >> WriteTable(round_path, "trajectories",
+                                                                key_fn=lambda r: r.task_id,
+                                                                sort_key=lambda r: r.traj_id, num_shards=n),
+        out["dead_letter"] | "WriteDeadLetters" >> WriteTable(round_path, "dead_letter", key_fn=lambda r: r.key,
+                                                              num_shards=1,
+                                                              prefix=STAGE["rollouts"].dead_letter_prefix),
+    )
+    _one_sink(written)
     return p
+
+
+def _one_sink(written: Sequence[beam.PCollection]) -> None:
+    """Join every table write into one final step. Runners that compute only the graph's last node (Beam's
+    Dask runner) then still write every table; the others are unaffected."""
+    written | "Written" >> beam.Flatten() | "CountParts" >> beam.combiners.Count.Globally()
 
 
 def build_credit_pipeline(options: PipelineOptions, cfg: PipelineConfig, round_path: Path) -> beam.Pipeline:
@@ -165,13 +176,17 @@ def build_credit_pipeline(options: PipelineOptions, cfg: PipelineConfig, round_p
     n = cfg.pipeline.num_shards
     sort = {"subdiffs": "subdiff_id", "anchors": "anchor_id", "anchor_members": "subdiff_id",
             "advantages": "row_id"}
+    written = []
     for name in OUTPUTS:
         label = "Write" + "".join(w.title() for w in name.split("_"))
-        units[name] | label >> WriteTable(round_path, name, key_fn=lambda r: r["task_id"],
-                                          sort_key=lambda r, k=sort[name]: (r[k], r.get("anchor_id", "")),
-                                          num_shards=n)
-    units[DEAD] | "WriteDeadLetters" >> WriteTable(round_path, "dead_letter", key_fn=lambda r: r.key,
-                                                   num_shards=1, prefix=STAGE["credit"].dead_letter_prefix)
+        written.append(units[name] | label >> WriteTable(round_path, name, key_fn=lambda r: r["task_id"],
+                                                         sort_key=lambda r, k=sort[name]: (r[k],
+                                                                                           r.get("anchor_id", "")),
+                                                         num_shards=n))
+    written.append(units[DEAD] | "WriteDeadLetters" >> WriteTable(round_path, "dead_letter", key_fn=lambda r: r.key,
+                                                                  num_shards=1,
+                                                                  prefix=STAGE["credit"].dead_letter_prefix))
+    _one_sink(written)
     return p
 
 

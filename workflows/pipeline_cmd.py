@@ -18,7 +18,7 @@ def run_cmd(
     overrides: list[str] = SetOpt,
     round_k: int = typer.Option(0, "--round", min=0, help="policy round k"),
     checkpoint: Path | None = typer.Option(None, help="policy checkpoint (default: policy.checkpoint)"),
-    runner: str | None = typer.Option(None, help="Beam runner: FnApiRunner, DirectRunner, DataflowRunner, ..."),
+    runner: str | None = typer.Option(None, help="Beam runner: FnApiRunner, DirectRunner, dask, DataflowRunner, ..."),
 ) -> None:
     """Run or resume a round; unknown options (--project=..., --region=...) pass through to Beam."""
     from pipeline.policy.loading import check_checkpoint

@@ -221,6 +221,44 @@ def same_function_batch() -> list:
     return steps
 
 
+# ---------------------------------------------------------------- steps-table rows that rewrite a file
+
+STUB = "def add(a, b):\n    pass\n"
+FIX = "def add(a, b):\n    total = a + b\n    return total\n"
+OTHER = "def add(a, b):\n    return b - a\n"
+
+
+def rewrite_step(task_id: str, sample: int, code: str, reward: float, turn: int = 0):
+    """A steps-table row whose response rewrites solution.py with `code` (parsed and applied by the real
+    grammar), as a `schema.StepRow`."""
+    from pipeline import schema
+    from pipeline.agent.episode import workspace_hash
+    from pipeline.agent.grammar import apply_action, parse_response
+    from pipeline.rollout import row_id
+
+    response = f"<think>rewrite it</think>\n<write path=\"solution.py\">\n{code}</write>"
+    action = parse_response(response)
+    before = {"solution.py": STUB}
+    after = apply_action(action, before, max_file_bytes=1 << 20)
+    traj = f"traj-{task_id}-{sample}"
+    # one character per token (step_row's default offsets) keeps the offsets trivially exact
+    return schema.StepRow(**step_row(
+        row_id(traj, turn), traj, task_id, turn=turn, prompt_token_ids=[1], response_token_ids=[5] * len(response),
+        response_text=response, action_kind="write", action_json=_schema_json(action),
+        files_before=[{"path": "solution.py", "text": STUB}],
+        files_after=[{"path": "solution.py", "text": after["solution.py"]}],
+        workspace_hash_before=workspace_hash(before), workspace_hash_after=workspace_hash(after),
+        exec_status="passed" if reward else "failed", visible_passed=int(reward),
+        step_reward=reward, return_to_go=reward, done=True,
+    ))
+
+
+def _schema_json(action) -> str:
+    from pipeline.agent.grammar import action_json
+
+    return action_json(action)
+
+
 # ---------------------------------------------------------------- test doubles and benchmark scripts
 
 

@@ -8,59 +8,26 @@ import apache_beam as beam
 import pytest
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to, is_not_empty
-from builders import step_row
+from builders import FIX, OTHER, rewrite_step
 
-from pipeline import schema
-from pipeline.agent.episode import workspace_hash
-from pipeline.agent.grammar import apply_action, parse_response
 from pipeline.agent.settings import EpisodeSettings
 from pipeline.credit.settings import CreditSettings
 from pipeline.policy.handlers import make_handler
 from pipeline.policy.settings import PolicySettings
-from pipeline.rollout import row_id
 from pipeline.sandbox.settings import SandboxSettings
 from pipeline.tasks import load_source
 from pipeline.transforms.credit import DEAD, Credit
 from pipeline.transforms.rollouts import Rollouts
 from pipeline.transforms.tables import ReadTable, WriteTable, shard_of
 
-STUB = "def add(a, b):\n    pass\n"
-FIX = "def add(a, b):\n    total = a + b\n    return total\n"
-OTHER = "def add(a, b):\n    return b - a\n"
-
 
 def _pipeline() -> TestPipeline:
     return TestPipeline(runner="FnApiRunner")
 
 
-def _step(task_id: str, sample: int, code: str, reward: float, turn: int = 0) -> schema.StepRow:
-    """A step whose response rewrites solution.py with `code` (parsed and applied by the real grammar)."""
-    response = f"<think>rewrite it</think>\n<write path=\"solution.py\">\n{code}</write>"
-    action = parse_response(response)
-    before = {"solution.py": STUB}
-    after = apply_action(action, before, max_file_bytes=1 << 20)
-    traj = f"traj-{task_id}-{sample}"
-    # one character per token (step_row's default offsets) keeps the offsets trivially exact
-    return schema.StepRow(**step_row(
-        row_id(traj, turn), traj, task_id, turn=turn, prompt_token_ids=[1], response_token_ids=[5] * len(response),
-        response_text=response, action_kind="write", action_json=schema_json(action),
-        files_before=[{"path": "solution.py", "text": STUB}],
-        files_after=[{"path": "solution.py", "text": after["solution.py"]}],
-        workspace_hash_before=workspace_hash(before), workspace_hash_after=workspace_hash(after),
-        exec_status="passed" if reward else "failed", visible_passed=int(reward),
-        step_reward=reward, return_to_go=reward, done=True,
-    ))
-
-
-def schema_json(action) -> str:
-    from pipeline.agent.grammar import action_json
-
-    return action_json(action)
-
-
 @pytest.mark.slow
 def test_write_then_read_table_roundtrip(tmp_path):
-    rows = [_step("t/1", i, FIX, 1.0) for i in range(5)]
+    rows = [rewrite_step("t/1", i, FIX, 1.0) for i in range(5)]
     with _pipeline() as p:
         written = p | beam.Create(rows) | WriteTable(tmp_path, "steps", key_fn=lambda r: r.traj_id, num_shards=3)
         counts = written | beam.Map(lambda w: w[2]) | beam.CombineGlobally(sum)
@@ -73,7 +40,7 @@ def test_write_then_read_table_roundtrip(tmp_path):
 
 
 def test_write_table_is_deterministic(tmp_path):
-    rows = [_step("t/1", i, FIX, 1.0) for i in range(4)]
+    rows = [rewrite_step("t/1", i, FIX, 1.0) for i in range(4)]
     for folder, order in (("a", rows), ("b", rows[::-1])):
         with _pipeline() as p:
             _ = p | beam.Create(order) | WriteTable(tmp_path / folder, "steps", key_fn=lambda r: r.traj_id,
@@ -85,9 +52,9 @@ def test_write_table_is_deterministic(tmp_path):
 
 @pytest.mark.slow
 def test_credit_groups_shared_changes_per_task_and_routes_bad_rows():
-    rows = [_step("t/1", i, FIX, 1.0) for i in range(3)] + [_step("t/1", 3, OTHER, 0.0)]
-    rows += [_step("t/2", i, FIX, float(i % 2)) for i in range(4)]
-    bad = dataclasses.replace(_step("t/2", 9, FIX, 1.0), action_json="{not json")
+    rows = [rewrite_step("t/1", i, FIX, 1.0) for i in range(3)] + [rewrite_step("t/1", 3, OTHER, 0.0)]
+    rows += [rewrite_step("t/2", i, FIX, float(i % 2)) for i in range(4)]
+    bad = dataclasses.replace(rewrite_step("t/2", 9, FIX, 1.0), action_json="{not json")
     with _pipeline() as p:
         out = p | beam.Create([*rows, bad]) | Credit(CreditSettings())
         anchors = out["anchors"] | "AnchorTasks" >> beam.Map(lambda a: (a["task_id"], a["n_rows"] >= 2))
@@ -108,8 +75,8 @@ def test_credit_advantages_equal_the_core_on_the_whole_batch(estimator):
     from pipeline.credit import compute_credit
     from pipeline.credit_io import step_input
 
-    rows = [_step("t/1", i, FIX, float(i % 2)) for i in range(3)] + [_step("t/1", 3, OTHER, 0.0)]
-    rows += [_step("t/2", i, FIX, float(i > 1)) for i in range(4)]
+    rows = [rewrite_step("t/1", i, FIX, float(i % 2)) for i in range(3)] + [rewrite_step("t/1", 3, OTHER, 0.0)]
+    rows += [rewrite_step("t/2", i, FIX, float(i > 1)) for i in range(4)]
     settings = CreditSettings(estimator=estimator)
     whole = compute_credit([step_input(dataclasses.asdict(r), source="steps") for r in rows], settings)
     expected = {rid: [round(float(x), 5) for x in tokens]

@@ -1,0 +1,172 @@
+"""Beam's Dask runner, with the three fixes a round's graph needs (Beam 2.77's runner is experimental).
+
+Beam's `DaskRunner` turns each leaf transform into a `dask.bag` operation. As shipped it
+
+1. keeps one bag per transform, so every tagged output of a multi-output ParDo (the rollouts' `steps`,
+   `trajectories` and `dead_letter`) is fed the outputs of all tags;
+2. collects a bundle's outputs before `finish_bundle`, so what a DoFn emits there is lost (Beam's
+   `BatchElements`, inside `RunInference`, emits its last batch there);
+3. computes only the last transform's bag, so the other sinks of a graph never run.
+
+`DidpoDaskRunner` keeps one bag per output PCollection (a ParDo's bag holds (tag, value) pairs, split by
+tag), runs each bundle's DoFn to the end of `finish_bundle` before returning its outputs, and computes every
+bag that no transform consumes. Everything else is Beam's runner. Use it as
+
+    --runner=pipeline.dask_runner.DidpoDaskRunner --dask_client_address=HOST:8786
+
+or `didpo pipeline run --runner dask` (a `distributed.LocalCluster` on this machine when no address is given).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+from apache_beam import pvalue
+from apache_beam.pipeline import AppliedPTransform, PipelineVisitor
+from apache_beam.runners.common import DoFnContext, DoFnInvoker, DoFnSignature, Receiver, _OutputHandler
+from apache_beam.runners.dask import transform_evaluator as te
+from apache_beam.runners.dask.dask_runner import (
+    DaskBagWindowedIterator,
+    DaskOptions,
+    DaskRunner,
+    DaskRunnerResult,
+)
+from apache_beam.transforms.sideinputs import SideInputMap
+from apache_beam.utils.windowed_value import WindowedValue
+
+
+@dataclasses.dataclass
+class _Collect(Receiver):
+    """Receives one tag's outputs as (tag, windowed value) pairs into a shared list."""
+
+    tag: str | None
+    values: list[tuple[str | None, WindowedValue]]
+
+    def receive(self, windowed_value: WindowedValue) -> None:
+        self.values.append((self.tag, windowed_value))
+
+
+class _Receivers(dict):
+    def __init__(self) -> None:
+        super().__init__()
+        self.values: list[tuple[str | None, WindowedValue]] = []
+
+    def __missing__(self, tag: str | None) -> _Collect:
+        self[tag] = _Collect(tag, self.values)
+        return self[tag]
+
+
+def _run_bundle(items: Any, fn: Any, label: str, window_fn: Any, side_inputs: Any, args: Any, kwargs: Any
+                ) -> list[tuple[str | None, WindowedValue]]:
+    """One Dask partition as one bundle: setup, process every element, finish_bundle, teardown; its outputs."""
+    receivers = _Receivers()  # made here, per bundle: a partition's outputs never mix with another's
+    handler = _OutputHandler(window_fn=window_fn, main_receivers=receivers[None], tagged_receivers=receivers,
+                             per_element_output_counter=None, output_batch_converter=None,
+                             process_yields_batches=False, process_batch_yields_elements=False)
+    invoker = DoFnInvoker.create_invoker(
+        DoFnSignature(fn), handler, context=DoFnContext(label, state=None), side_inputs=side_inputs,
+        input_args=args, input_kwargs=kwargs, user_state_context=None,
+        bundle_finalizer_param=te.DoFn.BundleFinalizerParam())
+    invoker.invoke_setup()
+    invoker.invoke_start_bundle()
+    for item in items:
+        invoker.invoke_process(item)
+    invoker.invoke_finish_bundle()
+    invoker.invoke_teardown()
+    return list(receivers.values)
+
+
+class _ParDo(te.ParDo):
+    def apply(self, input_bag: Any, side_inputs: Any = None) -> Any:
+        transform = self.transform
+        args, kwargs = transform.raw_side_inputs
+        main_input = next(iter(self.applied.main_inputs.values()))
+        window_fn = main_input.windowing.windowfn if hasattr(main_input, "windowing") else None
+        return input_bag.map(te.get_windowed_value, window_fn).map_partitions(
+            _run_bundle, transform.fn, transform.label, window_fn, side_inputs, list(args), kwargs)
+
+
+def _untag(pair: tuple[str | None, WindowedValue]) -> Any:
+    """The element itself: between transforms Beam's Dask ops pass plain elements (global windows)."""
+    return pair[1].value
+
+
+def _has_tag(pair: tuple[str | None, WindowedValue], tag: str | None) -> bool:
+    return pair[0] == tag
+
+
+def _output_key(value: pvalue.PValue) -> tuple[AppliedPTransform, str | None]:
+    tag = getattr(value, "tag", None)
+    return value.producer, (None if tag in (None, "None") else tag)
+
+
+class _Result(DaskRunnerResult):
+    """Closes the runner's client once the pipeline is done (else it keeps reconnecting to a cluster that
+    may be gone)."""
+
+    def wait_until_finish(self, duration: Any = None) -> str:
+        try:
+            return super().wait_until_finish(duration)
+        finally:
+            self.client.close()
+
+
+class DidpoDaskRunner(DaskRunner):
+    """Beam's DaskRunner with per-output bags, finish_bundle outputs and every sink computed."""
+
+    @staticmethod
+    def to_dask_bag_visitor(bag_kwargs: dict | None = None) -> PipelineVisitor:
+        bag_kwargs = bag_kwargs or {}
+
+        class Visitor(PipelineVisitor):
+            def __init__(self) -> None:
+                self.bags: dict[tuple[AppliedPTransform, str | None], Any] = {}
+                self.consumed: set[tuple[AppliedPTransform, str | None]] = set()
+
+            def _bag(self, value: pvalue.PValue) -> Any:
+                key = _output_key(value)
+                self.consumed.add(key)
+                return self.bags[key]
+
+            def visit_transform(self, node: AppliedPTransform) -> None:
+                op_class = te.TRANSLATIONS.get(node.transform.__class__, te.NoOp)
+                op_class = _ParDo if op_class is te.ParDo else op_class
+                op = op_class(node, bag_kwargs=bag_kwargs)
+                inputs = [self._bag(v) for v in node.inputs if not isinstance(v, pvalue.PBegin)]
+                kws: dict[str, Any] = {"input_bag": None, "side_inputs": None}
+                if inputs:
+                    kws["input_bag"] = inputs[0] if len(inputs) == 1 and not isinstance(op, te.Flatten) else inputs
+                if node.side_inputs:
+                    kws["side_inputs"] = [
+                        SideInputMap(type(si), si._view_options(),
+                                     DaskBagWindowedIterator(self._bag(si.pvalue), si._window_mapping_fn))
+                        for si in node.side_inputs]
+                bag = op.apply(**kws)
+                if isinstance(op, _ParDo):
+                    for tag in node.outputs:
+                        key = (node, None if tag in (None, "None") else tag)
+                        self.bags[key] = bag.filter(functools.partial(_has_tag, tag=key[1])).map(_untag)
+                else:
+                    for tag in node.outputs or [None]:
+                        self.bags[(node, None if tag in (None, "None") else tag)] = bag
+
+            def sinks(self) -> list[Any]:
+                return [bag for key, bag in self.bags.items() if key not in self.consumed]
+
+        return Visitor()
+
+    def run_pipeline(self, pipeline: Any, options: Any) -> _Result:
+        import dask
+        import dask.distributed as ddist
+        from apache_beam.runners.dask.overrides import dask_overrides
+
+        dask_options = options.view_as(DaskOptions).get_all_options(drop_default=True, current_only=True)
+        bag_kwargs = DaskOptions._extract_bag_kwargs(dask_options)
+        client = ddist.Client(**dask_options)
+        pipeline.replace_all(dask_overrides())
+        visitor = self.to_dask_bag_visitor(bag_kwargs)
+        pipeline.visit(visitor)
+        futures = client.compute(list(dask.optimize(*visitor.sinks())))
+        return _Result(client, futures)

@@ -1,0 +1,72 @@
+"""A round's Beam graph on a real distributed runner: Beam's Dask runner with our fixes
+(pipeline/dask_runner.py) against a `distributed.LocalCluster` of two worker processes writes byte for byte
+the tables FnApiRunner writes, for the rollouts stage (multi-output rollouts, RunInference) and for the
+credit stage (sub-diffs and anchors per task, a batch-wide combine)."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+from builders import FIX, OTHER, rewrite_step
+
+from pipeline import schema
+from pipeline.config import load_config
+from pipeline.run import beam_options, build_credit_pipeline, run_round
+from pipeline.tasks import load_source
+from pipeline.transforms.settings import DASK_RUNNER
+
+pytestmark = pytest.mark.slow  # a two-process Dask cluster and the tiny policy on each worker
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from distributed import LocalCluster
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as c:
+        assert len(c.workers) == 2
+        yield c.scheduler_address
+
+
+def _checksums(round_dir: Path) -> dict[str, str]:
+    return {f"{table}/{part.name}": hashlib.sha256(part.read_bytes()).hexdigest()
+            for table in schema.TABLES if schema.table_dir(round_dir, table).is_dir()
+            for part in schema.part_files(schema.table_dir(round_dir, table))}
+
+
+def _config(root: Path, runner: str, *extra: str):
+    return load_config(None, [f"run.root={root}", "policy.size=tiny", "policy.max_new_tokens=32",
+                              "episode.max_turns=2", "episode.max_response_tokens=32", "pipeline.samples_per_task=2",
+                              "pipeline.num_shards=2", "sandbox.pool_size=1", f"pipeline.runner={runner}", *extra])
+
+
+def test_the_dask_shortcut_names_our_runner():
+    assert _config(Path("/tmp"), "dask").pipeline.runner == DASK_RUNNER
+
+
+def test_a_round_on_dask_writes_the_tables_of_fnapi(tiny_policy, cluster, tmp_path):
+    tasks = load_source("mbpp", split="train", limit=2)
+    local = run_round(_config(tmp_path / "fnapi", "FnApiRunner"), 0, tiny_policy, tasks)
+    dask = run_round(_config(tmp_path / "dask", "dask"), 0, tiny_policy, tasks,
+                     beam_args=[f"--dask_client_address={cluster}"])
+    expected = _checksums(local.round_dir)
+    assert {"steps/part-00000.parquet", "trajectories/part-00000.parquet"} <= set(expected)
+    assert _checksums(dask.round_dir) == expected
+
+
+@pytest.mark.parametrize("estimator", ["didpo", "reinforce_pp_baseline"])  # per task; a batch-wide combine
+def test_credit_on_dask_writes_the_units_and_advantages_of_fnapi(cluster, tmp_path, estimator):
+    rows = [rewrite_step(f"t/{t}", i, FIX if (i + t) % 3 else OTHER, float((i + t) % 3 > 0))
+            for t in range(3) for i in range(4)]
+    sums = {}
+    for runner in ("FnApiRunner", "dask"):
+        cfg = _config(tmp_path / runner, runner, f"credit.estimator={estimator}")
+        round_dir = schema.round_dir(cfg.run.root, cfg.run.run_id, 0)
+        schema.write_table(rows, schema.table_dir(round_dir, "steps"), "steps")
+        args = [f"--dask_client_address={cluster}"] if runner == "dask" else []
+        build_credit_pipeline(beam_options(cfg.pipeline, args), cfg, round_dir).run().wait_until_finish()
+        sums[runner] = _checksums(round_dir)
+    assert any(k.startswith("anchors/") for k in sums["FnApiRunner"]) or estimator != "didpo"
+    assert any(k.startswith("advantages/") for k in sums["FnApiRunner"])
+    assert sums["dask"] == sums["FnApiRunner"]
