@@ -20,6 +20,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from pipeline.agent.settings import EpisodeSettings
+from pipeline.assets import asset_dir
 from pipeline.credit.settings import CreditSettings
 from pipeline.policy.settings import PolicySettings
 from pipeline.sandbox.settings import SandboxSettings
@@ -27,7 +28,7 @@ from pipeline.schema import content_id
 from pipeline.tasks.settings import TasksSettings
 from pipeline.transforms.settings import PipelineSettings
 
-DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "local.yaml"
+DEFAULT_CONFIG = asset_dir("configs") / "local.yaml"
 
 
 class ConfigError(ValueError):

@@ -30,9 +30,10 @@ import pyarrow.compute as pc
 from pydantic import ValidationError
 
 from pipeline import schema
+from pipeline.assets import asset_dir
 from pipeline.credit.settings import CreditSettings
 
-SQL_DIR = Path(__file__).resolve().parent.parent / "sql"
+SQL_DIR = asset_dir("sql")
 ANALYSIS_DIR = SQL_DIR / "analysis"
 MARTS_DIR = SQL_DIR / "marts"
 LAYERS = ("staging", "anchors", "advantages")  # creation order; a layer reads only earlier layers or its own

@@ -128,7 +128,8 @@ def bwrap_argv(settings: SandboxSettings, worker_cfg: dict) -> list[str]:
     ]
     # The interpreter is bound after the tmpfs mounts: a checkout or venv under /tmp stays visible.
     made = {"/", "/etc", "/usr", "/tmp", "/dev", "/proc", "/ws", "/tests"}
-    for root in _python_roots():
+    roots = _python_roots()
+    for root in roots:
         parts = Path(root).parts
         for i in range(2, len(parts)):
             anc = str(Path(*parts[:i]))
@@ -136,6 +137,11 @@ def bwrap_argv(settings: SandboxSettings, worker_cfg: dict) -> list[str]:
                 argv += ["--perms", "0755", "--dir", anc]
                 made.add(anc)
         argv += ["--ro-bind", root, root]
+    # Installed from a wheel, this project sits in the bound site-packages with its bundled data (hidden
+    # tests): an empty tmpfs over each of its packages keeps the candidate from reading them.
+    for package in own_packages():
+        if any(package == r or package.startswith(r + "/") for r in roots):
+            argv += ["--tmpfs", package]
     argv += [
         "--perms", "0755", "--dir", "/opt/didpo",
         "--ro-bind", _worker.__file__, WORKER_IN_SANDBOX,
@@ -144,6 +150,18 @@ def bwrap_argv(settings: SandboxSettings, worker_cfg: dict) -> list[str]:
         sys.executable, "-s", "-B", WORKER_IN_SANDBOX, json.dumps(worker_cfg),
     ]
     return argv
+
+
+def own_packages() -> list[str]:
+    """The folders of this project's packages (pipeline, training, workflows), resolved."""
+    import importlib.util
+
+    found = []
+    for name in ("pipeline", "training", "workflows"):
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.submodule_search_locations:
+            found += [os.path.realpath(p) for p in spec.submodule_search_locations]
+    return found
 
 
 def _claim_uid_pair(base: int) -> tuple[int, int]:
@@ -283,7 +301,10 @@ def _isolation_problems(probe: dict) -> list[str]:
 
 def secret_paths() -> list[str]:
     """Host paths that must stay invisible inside the sandbox: shadow file, home contents, this repository."""
-    paths = ["/etc/shadow", str(Path(__file__).resolve())]
+    from pipeline.assets import asset_dir
+
+    # this file, and a bundled benchmark file (hidden tests), wherever the project is installed
+    paths = ["/etc/shadow", str(Path(__file__).resolve()), str(asset_dir("data") / "HumanEval.jsonl.gz")]
     roots = _python_roots()
     home = Path.home()
     try:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import MappingProxyType
 
+from pipeline.assets import asset_dir
 from pipeline.tasks.base import Split, Task, TestSuite
 from pipeline.tasks.cases import count_cases
 from pipeline.tasks.evalplus import load_humanevalplus, load_mbppplus
@@ -54,7 +55,7 @@ SOURCES: Mapping[str, Loader] = MappingProxyType(
 
 # Bundled with the repository (see data/README.md). EvalPlus sources default to their NoExtreme files
 # (same tasks, without the inputs that need minutes or gigabytes); the full files sit beside them.
-BUNDLED_DIR = Path(__file__).resolve().parents[2] / "data"
+BUNDLED_DIR = asset_dir("data")
 BUNDLED_FILES: Mapping[str, str] = MappingProxyType(
     {
         "humaneval": "HumanEval.jsonl.gz",
