@@ -47,16 +47,38 @@ def _cell(value: object) -> str:
 
 
 def _print_table(console: Console, result: pa.Table, title: str, limit: int) -> None:
+    """Columns side by side when they fit the terminal; else one record per block, each column on its own
+    line (as psql's expanded display), so a wide result stays readable at 80 columns and in a pipe."""
+    rows = result.slice(0, limit).to_pylist()
+    widths = [max([len(name), *(len(_cell(r[name])) for r in rows)]) for name in result.column_names]
+    if sum(w + 3 for w in widths) + 1 > console.width:
+        _print_records(console, result, rows, title)
+    else:
+        _print_columns(console, result, rows, title)
+    if result.num_rows > limit:
+        console.print(f"showing {limit} of {result.num_rows} rows (--limit N, or --out FILE for all)")
+
+
+def _print_records(console: Console, result: pa.Table, rows: list[dict], title: str) -> None:
+    console.print(title, highlight=False)
+    for i, row in enumerate(rows, 1):
+        table = Table(title=f"record {i}", title_justify="left", show_header=False, box=None, padding=(0, 1))
+        table.add_column("column", style="bold", no_wrap=True)
+        table.add_column("value", overflow="fold")
+        for name in result.column_names:
+            table.add_row(name, _cell(row[name]))
+        console.print(table)
+
+
+def _print_columns(console: Console, result: pa.Table, rows: list[dict], title: str) -> None:
     table = Table(title=title, title_justify="left")
     for name in result.column_names:
         numeric = pa.types.is_integer(result.schema.field(name).type) or pa.types.is_floating(
             result.schema.field(name).type)
         table.add_column(name, justify="right" if numeric else "left", overflow="fold")
-    for row in result.slice(0, limit).to_pylist():
+    for row in rows:
         table.add_row(*(_cell(v) for v in row.values()))
     console.print(table)
-    if result.num_rows > limit:
-        console.print(f"showing {limit} of {result.num_rows} rows (--limit N, or --out FILE for all)")
 
 
 def _flat_for_csv(result: pa.Table) -> pa.Table:

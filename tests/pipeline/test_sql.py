@@ -573,6 +573,23 @@ def test_cli_prints_lists_and_writes(round_path: Path, tmp_path: Path) -> None:
     assert "showing 1 of 2 rows" in adhoc.output
 
 
+def test_a_wide_result_prints_one_record_per_block_at_80_columns(round_path: Path) -> None:
+    """Columns that do not fit the terminal (or a pipe's 80) print as records, each column on its own line,
+    never squeezed to a few characters; a narrow result keeps its columns."""
+    runner = CliRunner()
+    wide = runner.invoke(_app(), ["sql", "anchors_by_abs_diff_adv", "--run", str(round_path), "-n", "2"],
+                         env={"COLUMNS": "80"})
+    assert wide.exit_code == 0, wide.output
+    lines = wide.output.splitlines()
+    assert all(len(line.rstrip()) <= 80 for line in lines)
+    assert "record 1" in wide.output and "record 2" in wide.output and "showing 2 of 5 rows" in wide.output
+    for column in ("anchor_id", "mean_abs_diff_adv", "return_spread"):  # whole names, one per line
+        assert sum(line.split()[:1] == [column] for line in lines) == 2
+    narrow = runner.invoke(_app(), ["sql", "gs_distribution",
+                                    "--run", str(round_path)], env={"COLUMNS": "200"})
+    assert narrow.exit_code == 0 and "record 1" not in narrow.output
+
+
 def test_cli_errors_exit_nonzero_with_the_reason(round_path: Path, tmp_path: Path) -> None:
     runner = CliRunner()
     app = _app()
