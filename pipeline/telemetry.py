@@ -26,6 +26,27 @@ T = TypeVar("T")
 _CONFIGURED = False
 
 
+# Messages third-party libraries print on import or load that say nothing about the user's run.
+_NOISE = ("The pynvml package is deprecated", "Failed to import GCSFileSystem")
+
+
+class _DropNoise(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(_NOISE)
+
+
+def quiet_third_parties() -> None:
+    """Third-party import and load noise off (the CLI's default; `didpo --verbose` keeps it): the pynvml
+    deprecation warning torch prints, Beam's note that the GCS filesystem is not installed, DeepSpeed's
+    accelerator guess, and the weight-loading progress bars of transformers. Our own bars and logs stay."""
+    import warnings
+
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # transformers' bars follow huggingface_hub's
+    warnings.filterwarnings("ignore", message=_NOISE[0])
+    logging.getLogger().addFilter(_DropNoise())  # Beam logs through the root logger at import
+    logging.getLogger("DeepSpeed").setLevel(logging.ERROR)
+
+
 def configure(level: str = "INFO") -> None:
     """Route the root logger through rich, on stderr, once (idempotent); quiet noisy third-party loggers.
     stderr: a command's stdout is its output (`didpo exec` prints JSON, `config show` YAML), never logs."""

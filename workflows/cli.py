@@ -55,6 +55,15 @@ app.command("report")(report_cmd)
 app.add_typer(pipeline_app, name="pipeline")
 
 
+@app.callback()
+def _root(verbose: bool = typer.Option(False, "--verbose", help="also show third-party warnings and the "
+                                       "progress bars of model loading")) -> None:
+    from pipeline.telemetry import quiet_third_parties
+
+    if not verbose:
+        quiet_third_parties()
+
+
 
 @config_app.command("show")
 def config_show(config: Path | None = ConfigOpt, overrides: list[str] = SetOpt) -> None:

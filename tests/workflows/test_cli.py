@@ -31,7 +31,7 @@ def test_schema_lists_columns_and_refuses_unknown_tables():
 
 def test_every_command_is_mounted():
     result = runner.invoke(app, ["--help"])
-    for command in ("config", "schema", "tasks", "model", "sql", "exec", "episode", "credit", "pipeline", "demo", "round", "sft", "eval", "report", "online"):
+    for command in ("config", "schema", "tasks", "model", "sql", "exec", "episode", "credit", "pipeline", "demo", "round", "sft", "train", "eval", "report", "online"):
         assert command in result.output, command
 
 
@@ -91,3 +91,22 @@ def test_model_pretrain_builds_a_base_from_scratch_and_refuses_an_unknown_kind(t
     bad = runner.invoke(app, ["model", "pretrain", "--out", str(tmp_path / "b2"), "--config", str(config)])
     assert bad.exit_code == 2 and "unknown pretraining kind(s) ['gossip']" in bad.output
     assert "Traceback" not in bad.output and not (tmp_path / "b2").exists()
+
+
+@pytest.mark.slow
+def test_third_party_noise_is_off_unless_verbose(tmp_path):
+    """Building a model imports torch and transformers: their deprecation warning and loading bars are not
+    shown by default, and are with --verbose (a fresh process each: warnings filters are process-wide)."""
+    import subprocess
+    import sys
+
+    def stderr(*flags: str) -> str:
+        out = tmp_path / f"m{len(flags)}"
+        done = subprocess.run([sys.executable, "-m", "workflows.cli", *flags, "model", "init", "--out", str(out),
+                               "--size", "tiny"], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done.stderr
+
+    quiet, loud = stderr(), stderr("--verbose")
+    assert "pynvml" not in quiet and "Writing model shards" not in quiet
+    assert "pynvml" in loud and "Writing model shards" in loud
