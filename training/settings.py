@@ -57,7 +57,10 @@ class TrainSettings(BaseModel):
     dynamic_filtering: bool = Field(
         False, description="drop task groups whose trajectory rewards are all equal"
     )
-    zero_stage: int = Field(2, description="DeepSpeed ZeRO stage on GPU (0, 1, 2); CPU always runs stage 0")
+    zero_stage: int = Field(2, description="DeepSpeed ZeRO stage on GPU (0-3; 3 also partitions the weights)")
+    cpu_zero_stage: int = Field(
+        0, description="DeepSpeed ZeRO stage on CPU (0-3): 0, as one process needs none; 2 or 3 run the GPU's "
+        "sharded path under gloo across processes (docs/training.md)")
     save_every: int = Field(
         0, ge=0, description="save a resumable train state every N optimizer steps; 0 = end only"
     )
@@ -90,13 +93,11 @@ class TrainSettings(BaseModel):
             raise ValueError(f"dual_clip must be > 1 (a bound c * A below the PPO clip) or null, got {value}")
         return value
 
-    @field_validator("zero_stage")
+    @field_validator("zero_stage", "cpu_zero_stage")
     @classmethod
     def _zero_stage(cls, value: int) -> int:
-        if value not in (0, 1, 2):
-            raise ValueError(
-                f"zero_stage must be 0, 1 or 2 (stage 3 is not supported by this trainer), got {value}"
-            )
+        if value not in (0, 1, 2, 3):
+            raise ValueError(f"a ZeRO stage is 0, 1, 2 or 3, got {value}")
         return value
 
     @model_validator(mode="after")

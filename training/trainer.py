@@ -141,7 +141,8 @@ def ensure_distributed() -> torch.device:
 
 
 def deepspeed_config(settings: TrainSettings, *, cuda: bool) -> dict[str, Any]:
-    """DeepSpeed config: ZeRO-0 on CPU, the configured stage (bf16 mixed precision) on GPU.
+    """DeepSpeed config: the configured ZeRO stage (`zero_stage` on GPU with bf16 mixed precision,
+    `cpu_zero_stage` on CPU, 0 by default).
 
     Gradient accumulation is driven by the trainer (explicit boundaries), so DeepSpeed sees one micro-batch
     per step and never rescales the loss.
@@ -150,7 +151,7 @@ def deepspeed_config(settings: TrainSettings, *, cuda: bool) -> dict[str, Any]:
         "train_micro_batch_size_per_gpu": 1,
         "gradient_accumulation_steps": 1,
         "gradient_clipping": settings.grad_clip,
-        "zero_optimization": {"stage": settings.zero_stage if cuda else 0},
+        "zero_optimization": {"stage": settings.zero_stage if cuda else settings.cpu_zero_stage},
         "steps_per_print": 1 << 30,
         "wall_clock_breakdown": False,
     }
@@ -263,11 +264,17 @@ def response_logprobs(
     was_training = actor.training
     actor.eval()
     out: dict[int, torch.Tensor] = {}
-    for k in range(rank, plan.batches_per_epoch, world):
+    mine = list(range(rank, plan.batches_per_epoch, world))
+    # ZeRO-3 gathers the weights inside every forward, a collective: each rank runs as many forwards as the
+    # busiest one (the extra ones on batch 0, their results dropped)
+    rounds = -(-plan.batches_per_epoch // world) if _zero3(actor) else len(mine)
+    for n in range(rounds):
+        k = mine[n] if n < len(mine) else 0
         batch = plan.batch(Cursor(0, k)).to(device)
         logp = actor(batch.input_ids, action_mask=batch.action_mask, attention_mask=batch.attention_mask)
-        for i, values in zip(batch.row_index, batch.gather(logp.float().cpu()), strict=True):
-            out[i] = values
+        if n < len(mine):
+            for i, values in zip(batch.row_index, batch.gather(logp.float().cpu()), strict=True):
+                out[i] = values
     actor.train(was_training)
     if world > 1:
         import torch.distributed as dist
@@ -279,6 +286,11 @@ def response_logprobs(
 
 
 STEP_LOSS_METRICS = ("approx_kl", "clip_frac", "entropy", "loss", "policy_loss", "ref_kl")  # `batch_loss`'s
+
+
+def _zero3(module: torch.nn.Module) -> bool:
+    """Whether `module`'s weights are partitioned by ZeRO-3 (each forward gathers them across ranks)."""
+    return any(hasattr(p, "ds_id") for p in module.parameters())
 
 
 def _rank_and_world() -> tuple[int, int]:
@@ -433,6 +445,7 @@ def train_round(
             config=deepspeed_config(settings, cuda=cuda),
         )
         policy_loss = make_policy_loss(settings)
+        lockstep = engine.zero_optimization_stage() > 0
 
         # Old and reference log-probs come from the starting weights (before any resumed state is loaded),
         # through the engine's module so they share its dtype with the training forward.
@@ -483,17 +496,23 @@ def train_round(
             # its micro-batches, as in one process. A rank without a micro-batch (a step shorter than the
             # world) still takes part in the reduction with a zero-weighted one.
             mine = step_shard(lo, hi, rank, world)
-            for n_mine, j in enumerate(mine or [lo]):
+            # Under ZeRO stages >= 1 a backward (and, at stage 3, a forward) is a collective: every rank runs as
+            # many micro-batches as the busiest one, the extra ones zero-weighted (as a rank without any does
+            # under every stage)
+            turns = -(-(hi - lo) // world) if lockstep else max(len(mine), 1)
+            for n_mine in range(turns):
+                real = n_mine < len(mine)
+                j = mine[n_mine] if real else lo
                 t0 = time.perf_counter()
                 batch = plan.batch(Cursor(epoch, j))
                 old_grid = _grid(batch, old).to(device)
                 ref_grid = _grid(batch, ref).to(device) if ref is not None else None
                 batch.to(device)
                 t1 = time.perf_counter()
-                boundary = n_mine == max(len(mine), 1) - 1
+                boundary = n_mine == turns - 1
                 engine.set_gradient_accumulation_boundary(boundary)
                 loss, m = batch_loss(engine, batch, old_grid, ref_grid, policy_loss, settings)
-                engine.backward(loss * world / (hi - lo) if mine else loss * 0.0)
+                engine.backward(loss * world / (hi - lo) if real else loss * 0.0)
                 if boundary:
                     grad_norm = _grad_norm(engine)
                     engine.step()
@@ -503,7 +522,7 @@ def train_round(
                     torch.cuda.synchronize(device)
                 t_data += t1 - t0
                 t_compute += time.perf_counter() - t1
-                if mine:
+                if real:
                     tokens += batch.n_tokens
                     parts.append(m)
             step += 1
@@ -533,9 +552,8 @@ def train_round(
         if step != last_saved or step == total_steps:
             _save_state(engine, state_dir, step, _cursor_of(step, steps_per_epoch, gas), plan_id)
         completed = step >= total_steps
-        if completed and rank == 0:  # one writer: every rank holds the same weights
-            engine.module.model.save_pretrained(out)
-            copy_tokenizer(init, out)
+        if completed:
+            _save_policy(engine, init, out, rank)
         wall["save_s"] += time.perf_counter() - t0
 
     wall["total_s"] = time.perf_counter() - t_start
@@ -558,6 +576,20 @@ def train_round(
 
         dist.barrier()  # no rank returns before the checkpoint and report are in place
     return report
+
+
+def _save_policy(engine: Any, init: Path, out: Path, rank: int) -> None:
+    """The trained weights as a plain HF checkpoint, written once (rank 0). Under ZeRO-3 every rank takes
+    part in gathering the whole weights first; under the other stages every rank already holds them."""
+    gather = contextlib.nullcontext()
+    if _zero3(engine.module):
+        import deepspeed
+
+        gather = deepspeed.zero.GatheredParameters(list(engine.module.parameters()), modifier_rank=None)
+    with gather:
+        if rank == 0:
+            engine.module.model.save_pretrained(out)
+            copy_tokenizer(init, out)
 
 
 def _nothing_to_train(init: Path, out: Path, data: Any, wall: dict[str, float], t_start: float, *,

@@ -276,10 +276,10 @@ DP_SETTINGS = TrainSettings(lr=3e-3, max_tokens_per_batch=32, grad_clip=1.0, see
 TOLERANCE = 1e-5  # float32, the reduction order differs
 
 
-def torchrun(tmp_path: Path, ckpt: Path, root: Path, out: Path, *extra: str, nproc: int = 2
-             ) -> subprocess.CompletedProcess:
+def torchrun(tmp_path: Path, ckpt: Path, root: Path, out: Path, *extra: str, nproc: int = 2,
+             settings: TrainSettings = DP_SETTINGS) -> subprocess.CompletedProcess:
     config = tmp_path / "train.yaml"
-    config.write_text(yaml.safe_dump({"train": DP_SETTINGS.model_dump(mode="json")}))
+    config.write_text(yaml.safe_dump({"train": settings.model_dump(mode="json")}))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):  # this process's group
         env.pop(key, None)
@@ -332,3 +332,19 @@ def test_a_round_killed_at_two_processes_resumes_at_one(ckpt, tmp_path):
     assert [s.loss for s in rest.steps] == pytest.approx([s.loss for s in one.steps[1:]], abs=TOLERANCE)
     assert max_weight_diff(tmp_path / "one", tmp_path / "resumed") <= TOLERANCE
     assert json.loads((tmp_path / "resumed" / REPORT_NAME).read_text())["steps_done"] == one.total_steps
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", [2, 3])
+def test_zero_sharded_training_on_two_processes_matches_one(ckpt, tmp_path, stage):
+    """The GPU's sharded path through the same code on CPU (gloo): ZeRO-2 partitions the optimizer state and
+    gradients, ZeRO-3 the weights too (each rank runs as many forwards as the busiest, and the weights are
+    gathered to save a whole checkpoint); the result is one process's within float tolerance."""
+    root = write_round(tmp_path / "round", vocab_size(ckpt), n_rows=6)  # 3 micro-batches a step: uneven shares
+    settings = DP_SETTINGS.model_copy(update={"epochs": 1, "micro_batches_per_step": 3})
+    one = train_round(root, ckpt, tmp_path / "one", settings, reference_checkpoint=ckpt)
+    sharded = settings.model_copy(update={"cpu_zero_stage": stage})
+    torchrun(tmp_path, ckpt, root, tmp_path / "two", settings=sharded)
+    two = TrainReport.from_json((tmp_path / "two" / REPORT_NAME).read_text())
+    assert [s.loss for s in two.steps] == pytest.approx([s.loss for s in one.steps], abs=TOLERANCE)
+    assert max_weight_diff(tmp_path / "one", tmp_path / "two") <= TOLERANCE
