@@ -10,7 +10,9 @@ Beam's `DaskRunner` turns each leaf transform into a `dask.bag` operation. As sh
 
 `DidpoDaskRunner` keeps one bag per output PCollection (a ParDo's bag holds (tag, value) pairs, split by
 tag), runs each bundle's DoFn to the end of `finish_bundle` before returning its outputs, and computes every
-bag that no transform consumes. Everything else is Beam's runner. Use it as
+bag that no transform consumes. It also sets each DoFn up once per worker process and reuses it for every
+bundle (Beam's runner sets up and tears down per partition: a policy or sandbox pool per partition).
+Everything else is Beam's runner. Use it as
 
     --runner=pipeline.dask_runner.DidpoDaskRunner --dask_client_address=HOST:8786
 
@@ -21,9 +23,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 from typing import Any
 
 from apache_beam import pvalue
+from apache_beam.internal import pickler
 from apache_beam.pipeline import AppliedPTransform, PipelineVisitor
 from apache_beam.runners.common import DoFnContext, DoFnInvoker, DoFnSignature, Receiver, _OutputHandler
 from apache_beam.runners.dask import transform_evaluator as te
@@ -58,9 +62,18 @@ class _Receivers(dict):
         return self[tag]
 
 
-def _run_bundle(items: Any, fn: Any, label: str, window_fn: Any, side_inputs: Any, args: Any, kwargs: Any
-                ) -> list[tuple[str | None, WindowedValue]]:
-    """One Dask partition as one bundle: setup, process every element, finish_bundle, teardown; its outputs."""
+# DoFns already set up in this worker process, by transform and pickled content: a DoFn is set up once per
+# process and reused for every bundle (as Beam's other runners do), so a model or a sandbox pool that a DoFn
+# loads in `setup` loads once per worker, not once per partition.
+_SET_UP: dict[str, Any] = {}
+
+
+def _run_bundle(items: Any, fn: Any, key: str, label: str, window_fn: Any, side_inputs: Any, args: Any,
+                kwargs: Any) -> list[tuple[str | None, WindowedValue]]:
+    """One Dask partition as one bundle: process every element, then finish_bundle; its outputs. The DoFn is
+    this process's set-up instance of `key` (set up on first use)."""
+    fresh = key not in _SET_UP
+    fn = _SET_UP.setdefault(key, fn)
     receivers = _Receivers()  # made here, per bundle: a partition's outputs never mix with another's
     handler = _OutputHandler(window_fn=window_fn, main_receivers=receivers[None], tagged_receivers=receivers,
                              per_element_output_counter=None, output_batch_converter=None,
@@ -69,12 +82,12 @@ def _run_bundle(items: Any, fn: Any, label: str, window_fn: Any, side_inputs: An
         DoFnSignature(fn), handler, context=DoFnContext(label, state=None), side_inputs=side_inputs,
         input_args=args, input_kwargs=kwargs, user_state_context=None,
         bundle_finalizer_param=te.DoFn.BundleFinalizerParam())
-    invoker.invoke_setup()
+    if fresh:
+        invoker.invoke_setup()
     invoker.invoke_start_bundle()
     for item in items:
         invoker.invoke_process(item)
     invoker.invoke_finish_bundle()
-    invoker.invoke_teardown()
     return list(receivers.values)
 
 
@@ -84,8 +97,9 @@ class _ParDo(te.ParDo):
         args, kwargs = transform.raw_side_inputs
         main_input = next(iter(self.applied.main_inputs.values()))
         window_fn = main_input.windowing.windowfn if hasattr(main_input, "windowing") else None
+        key = f"{transform.label}:{hashlib.sha256(pickler.dumps(transform.fn)).hexdigest()[:20]}"
         return input_bag.map(te.get_windowed_value, window_fn).map_partitions(
-            _run_bundle, transform.fn, transform.label, window_fn, side_inputs, list(args), kwargs)
+            _run_bundle, transform.fn, key, transform.label, window_fn, side_inputs, list(args), kwargs)
 
 
 def _untag(pair: tuple[str | None, WindowedValue]) -> Any:

@@ -1,0 +1,137 @@
+"""Scale-out: the same small round on FnApiRunner and on a Dask cluster, and the credit stage of a 100x batch.
+
+1. A small round (the tiny policy, --tasks MBPP train tasks x --samples rollouts x --turns turns) through both
+   Beam graphs (rollouts, then credit) on FnApiRunner and on `pipeline.dask_runner.DidpoDaskRunner` against a
+   `distributed.LocalCluster` of --workers processes: per-stage seconds, and whether every table part is
+   byte-identical.
+2. The credit stage alone (sub-diffs, anchors, advantages; the default estimator) on a synthetic batch 100x
+   the paper's (600 tasks x 32 rollouts x 8 turns = 153,600 step rows, built as benchmarks/credit_speed.py
+   builds its batches), read from a steps table and written back through the Beam graph on the Dask cluster.
+
+An object-store root (gs:// on a local emulator) is not implemented yet (run.root refuses URLs): gcs_ratio
+prints nan until it is.
+
+Last line: `scale_out: dask_ratio=<dask/fnapi> gcs_ratio=<gcs/local> identical=<true|false> credit_100x_s=<s>`.
+Targets: identical=true, dask_ratio <= 1.5, gcs_ratio <= 1.2, credit_100x_s < 60.
+Run: `.venv/bin/python benchmarks/scale_out.py [--credit-tasks 600] [--workers 2]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import itertools
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "lib"))  # the shared builders
+
+
+def checksums(round_dir: Path) -> dict[str, str]:
+    from pipeline import schema
+
+    return {f"{t}/{p.name}": hashlib.sha256(p.read_bytes()).hexdigest() for t in schema.TABLES
+            if schema.table_dir(round_dir, t).is_dir() for p in schema.part_files(schema.table_dir(round_dir, t))}
+
+
+def small_round(work: Path, runner: str, beam_args: list[str], args) -> tuple[dict[str, float], dict[str, str]]:
+    from pipeline.config import load_config
+    from pipeline.policy.tiny import ensure_checkpoint
+    from pipeline.run import run_round
+    from pipeline.tasks import load_source
+
+    cfg = load_config(None, [f"run.root={work / runner.rsplit('.', 1)[-1]}", "policy.size=tiny",
+                             f"policy.checkpoint={work / 'policy'}", "policy.max_new_tokens=64",
+                             "episode.max_response_tokens=64", f"episode.max_turns={args.turns}",
+                             f"pipeline.samples_per_task={args.samples}", "pipeline.num_shards=4",
+                             f"pipeline.runner={runner}", f"sandbox.pool_size={args.workers}"])
+    policy = ensure_checkpoint(cfg.policy.checkpoint, "tiny", 0)
+    result = run_round(cfg, 0, policy, load_source("mbpp", split="train", limit=args.tasks), beam_args=beam_args)
+    return dict(result.stage_seconds), checksums(result.round_dir)
+
+
+def step_rows(n_tasks: int, rollouts: int):
+    """The credit_speed batch, n_tasks groups (sources reused under new ids past the bundled ones), as
+    steps-table rows."""
+    from builders import load_benchmark, step_row
+
+    from pipeline import schema
+    from pipeline.agent.grammar import action_json, parse_response
+
+    speed = load_benchmark("credit_speed", "credit_speed_for_scale_out")
+    sources = speed._reference_sources(n_tasks)  # as many qualifying bundled references as there are
+
+    def unique(n: int) -> list[tuple[str, str]]:  # past the last source, the same texts under new task ids
+        return [(f"{tid}#{k // len(sources)}", text)
+                for k, (tid, text) in zip(range(n), itertools.cycle(sources), strict=False)]
+
+    speed.N_TASKS, speed._reference_sources = n_tasks, unique
+    for s in speed.build_batch(rollouts):
+        yield schema.StepRow(**step_row(
+            s.row_id, s.traj_id, s.task_id, turn=s.turn, response_text=s.response_text,
+            response_token_ids=[5] * len(s.token_char_starts), token_char_starts=list(s.token_char_starts),
+            token_char_ends=list(s.token_char_ends), action_json=action_json(parse_response(s.response_text)),
+            files_before=[{"path": p, "text": t} for p, t in s.files_before.items()],
+            files_after=[{"path": p, "text": t} for p, t in s.files_after.items()],
+            workspace_hash_before=s.workspace_hash_before, step_reward=s.step_reward, return_to_go=s.step_reward,
+            done=s.turn == speed.N_TURNS - 1))
+
+
+def credit_100x(work: Path, beam_args: list[str], n_tasks: int, rollouts: int) -> tuple[float, int]:
+    from pipeline import schema
+    from pipeline.config import load_config
+    from pipeline.run import beam_options, build_credit_pipeline
+    from pipeline.transforms.settings import DASK_RUNNER
+
+    cfg = load_config(None, [f"run.root={work / 'credit'}", f"pipeline.runner={DASK_RUNNER}",
+                             "pipeline.num_shards=8"])
+    round_dir = schema.round_dir(cfg.run.root, cfg.run.run_id, 0)
+    rows = list(step_rows(n_tasks, rollouts))
+    for part, lo in enumerate(range(0, len(rows), 20_000)):
+        schema.write_table(rows[lo:lo + 20_000], schema.table_dir(round_dir, "steps"), "steps", part=part)
+    n = len(rows)
+    del rows
+    start = time.perf_counter()
+    build_credit_pipeline(beam_options(cfg.pipeline, beam_args), cfg, round_dir).run().wait_until_finish()
+    return time.perf_counter() - start, n
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tasks", type=int, default=4)
+    ap.add_argument("--samples", type=int, default=4)
+    ap.add_argument("--turns", type=int, default=2)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--credit-tasks", type=int, default=600)
+    ap.add_argument("--credit-rollouts", type=int, default=32)
+    args = ap.parse_args()
+
+    from distributed import LocalCluster
+
+    from pipeline.transforms.settings import DASK_RUNNER
+
+    work = Path(tempfile.mkdtemp(prefix="scale_out_"))
+    with LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True, dashboard_address=None) as c:
+        dask_args = [f"--dask_client_address={c.scheduler_address}"]
+        fn_s, fn_sums = small_round(work, "FnApiRunner", [], args)
+        dk_s, dk_sums = small_round(work, DASK_RUNNER, dask_args, args)
+        identical = fn_sums == dk_sums and bool(fn_sums)
+        print(f"small round ({args.tasks} tasks x {args.samples} samples x {args.turns} turns, tiny policy), "
+              f"{args.workers} Dask workers; {len(fn_sums)} table parts, identical={identical}")
+        print(f"{'stage':<10}{'FnApiRunner s':>15}{'Dask s':>10}")
+        for stage in fn_s:
+            print(f"{stage:<10}{fn_s[stage]:>15.1f}{dk_s[stage]:>10.1f}")
+        ratio = sum(dk_s.values()) / sum(fn_s.values())
+        credit_s, n_rows = credit_100x(work, dask_args, args.credit_tasks, args.credit_rollouts)
+        print(f"credit stage, {args.credit_tasks} tasks x {args.credit_rollouts} rollouts x 8 turns = {n_rows} rows "
+              f"on {args.workers} Dask workers: {credit_s:.1f} s")
+    print(f"scale_out: dask_ratio={ratio:.3f} gcs_ratio=nan identical={str(identical).lower()} "
+          f"credit_100x_s={credit_s:.1f}")
+
+
+if __name__ == "__main__":
+    main()
