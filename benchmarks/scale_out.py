@@ -81,13 +81,14 @@ def step_rows(n_tasks: int, rollouts: int):
             done=s.turn == speed.N_TURNS - 1))
 
 
-def credit_100x(work: Path, beam_args: list[str], n_tasks: int, rollouts: int) -> tuple[float, int]:
+def credit_100x(work: Path, beam_args: list[str], n_tasks: int, rollouts: int, runner: str = ""
+                ) -> tuple[float, int]:
     from pipeline import schema
     from pipeline.config import load_config
     from pipeline.run import beam_options, build_credit_pipeline
     from pipeline.transforms.settings import DASK_RUNNER
 
-    cfg = load_config(None, [f"run.root={work / 'credit'}", f"pipeline.runner={DASK_RUNNER}",
+    cfg = load_config(None, [f"run.root={work / ('credit' + runner)}", f"pipeline.runner={runner or DASK_RUNNER}",
                              "pipeline.num_shards=8"])
     round_dir = schema.round_dir(cfg.run.root, cfg.run.run_id, 0)
     rows = list(step_rows(n_tasks, rollouts))
@@ -108,6 +109,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--credit-tasks", type=int, default=600)
     ap.add_argument("--credit-rollouts", type=int, default=32)
+    ap.add_argument("--credit-only", default="", help="time only the credit stage on this runner (FnApiRunner)")
     args = ap.parse_args()
 
     from distributed import LocalCluster
@@ -115,6 +117,10 @@ def main() -> None:
     from pipeline.transforms.settings import DASK_RUNNER
 
     work = Path(tempfile.mkdtemp(prefix="scale_out_"))
+    if args.credit_only:
+        seconds, n_rows = credit_100x(work, [], args.credit_tasks, args.credit_rollouts, args.credit_only)
+        print(f"credit stage, {n_rows} rows on {args.credit_only}: {seconds:.1f} s")
+        return
     with LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True, dashboard_address=None) as c:
         dask_args = [f"--dask_client_address={c.scheduler_address}"]
         fn_s, fn_sums = small_round(work, "FnApiRunner", [], args)

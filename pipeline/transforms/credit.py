@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import apache_beam as beam
@@ -25,7 +24,7 @@ from pipeline.credit.advantages import moments_stats, whiten
 from pipeline.credit.estimators import get_estimator
 from pipeline.credit.settings import CreditSettings
 from pipeline.credit_io import CREDIT_TABLES, result_tables, step_input
-from pipeline.schema import DeadLetterRow, StepRow
+from pipeline.schema import DeadLetterRow, StepRow, record_of
 
 _NS = "didpo_credit"
 OUTPUTS = CREDIT_TABLES
@@ -34,7 +33,7 @@ DEAD = "dead_letter"
 
 class ToCreditInputsFn(beam.DoFn):
     def process(self, row: StepRow):
-        record = dataclasses.asdict(row)
+        record = record_of(row)
         try:
             yield step_input(record, source="steps")
         except CreditInputError as e:
