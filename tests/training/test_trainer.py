@@ -238,7 +238,8 @@ def test_padding_and_prompt_positions_never_receive_loss(ckpt, tmp_path):
     [
         (dict(dual_clip=0.9), "dual_clip must be > 1"),
         (dict(eps_low=1.5), "must be below 1"),
-        (dict(zero_stage=3), "zero_stage must be 0, 1 or 2"),
+        (dict(zero_stage=4), "a ZeRO stage is 0, 1, 2 or 3"),
+        (dict(cpu_zero_stage=-1), "a ZeRO stage is 0, 1, 2 or 3"),
         (dict(policy_loss="gspo"), "set loss_aggregation to 'seq_mean'"),
         (dict(learning_rate=0.1), "Extra inputs are not permitted"),
     ],

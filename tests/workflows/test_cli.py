@@ -97,13 +97,15 @@ def test_model_pretrain_builds_a_base_from_scratch_and_refuses_an_unknown_kind(t
 def test_third_party_noise_is_off_unless_verbose(tmp_path):
     """Building a model imports torch and transformers: their deprecation warning and loading bars are not
     shown by default, and are with --verbose (a fresh process each: warnings filters are process-wide)."""
+    import os
     import subprocess
     import sys
 
     def stderr(*flags: str) -> str:
         out = tmp_path / f"m{len(flags)}"
+        env = {k: v for k, v in os.environ.items() if k != "HF_HUB_DISABLE_PROGRESS_BARS"}  # set by in-process runs
         done = subprocess.run([sys.executable, "-m", "workflows.cli", *flags, "model", "init", "--out", str(out),
-                               "--size", "tiny"], capture_output=True, text=True, timeout=300)
+                               "--size", "tiny"], capture_output=True, text=True, timeout=300, env=env)
         assert done.returncode == 0, done.stderr[-2000:]
         return done.stderr
 
