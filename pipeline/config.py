@@ -25,6 +25,7 @@ from pipeline.credit.settings import CreditSettings
 from pipeline.policy.settings import PolicySettings
 from pipeline.sandbox.settings import SandboxSettings
 from pipeline.schema import content_id
+from pipeline.storage import is_url
 from pipeline.tasks.settings import TasksSettings
 from pipeline.transforms.settings import PipelineSettings
 
@@ -41,16 +42,23 @@ class _Section(BaseModel):
 
 class RunSettings(_Section):
     run_id: str = Field("local", description="name of the run folder under `root`")
-    root: str = Field("runs", description="where runs/<run_id>/round=<k>/ tables are written")
+    root: str = Field("runs", description="where runs/<run_id>/round=<k>/ tables are written: a local folder or an "
+                      "object-store URL (gs://bucket/runs, s3://bucket/runs; docs/runners.md)")
     seed: int = Field(0, ge=0, description="root seed; every other seed derives from it")
     rounds: int = Field(1, ge=1, description="policy rounds for `didpo round`")
 
     @field_validator("root")
     @classmethod
-    def _local_root(cls, v: str) -> str:
-        if "://" in v:
-            raise ValueError("must be a local or mounted path: tables are written with atomic local renames, so a "
-                             "URL root (gs://, s3://) would scatter parts over workers' disks (docs/runners.md)")
+    def _known_root(cls, v: str) -> str:
+        """A local path, or a URL whose scheme has an fsspec filesystem installed (gs: gcsfs, s3: s3fs)."""
+        if is_url(v):
+            import fsspec
+
+            scheme = v.split("://", 1)[0]
+            try:
+                fsspec.get_filesystem_class(scheme)
+            except (ValueError, ImportError) as e:
+                raise ValueError(f"no filesystem for {scheme}:// ({e})") from None
         return v
 
     @field_validator("run_id")

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import hashlib
-import shutil
 import subprocess
 import sys
 import time
@@ -28,11 +27,12 @@ from typing import Any
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from pipeline import schema
+from pipeline import schema, storage
 from pipeline.config import PipelineConfig, config_hash, load_config
 from pipeline.policy.handlers import make_handler
 from pipeline.policy.settings import PolicySettings
 from pipeline.schema import RoundConflict
+from pipeline.storage import Location
 from pipeline.tasks.base import Task
 from pipeline.telemetry import get_logger
 from pipeline.transforms.credit import DEAD, OUTPUTS, Credit
@@ -64,15 +64,23 @@ class Stage:
     def outputs(self) -> tuple[str, ...]:
         return (*self.tables, "dead_letter") if self.dead_letters else self.tables
 
-    def clear(self, round_path: Path) -> None:
+    def clear(self, round_path: Location) -> None:
         """Remove what an interrupted run of this stage may have left (its parts are deterministic)."""
         for table in self.tables:
-            folder = schema.table_dir(round_path, table)
-            if folder.exists():
-                shutil.rmtree(folder)
-        if self.dead_letters:
-            for f in schema.table_dir(round_path, "dead_letter").glob(f"part-{self.dead_letter_prefix}*.parquet"):
+            storage.remove_tree(schema.table_dir(round_path, table))
+        dead = schema.table_dir(round_path, "dead_letter")
+        if self.dead_letters and dead.exists():
+            for f in dead.glob(f"part-{self.dead_letter_prefix}*.parquet"):
                 f.unlink()
+
+    def seal(self, round_path: Location) -> None:
+        """Give each table this stage wrote no rows to one zero-row part: an empty table then exists on every
+        filesystem (object stores have no empty folders) and reads as the contract's columns."""
+        for table in self.outputs:
+            prefix = self.dead_letter_prefix if table == "dead_letter" else ""
+            folder = schema.table_dir(round_path, table)
+            if not (folder.exists() and any(folder.glob(f"part-{prefix}*.parquet"))):
+                schema.write_table(schema.arrow_schema(table).empty_table(), folder, table, part=f"{prefix}00000")
 
 
 # Every stage of a round, in order: the one place resume compares. Nothing else in the config (logging,
@@ -132,7 +140,7 @@ def beam_options(settings: PipelineSettings, extra_args: Sequence[str] = ()) -> 
     return PipelineOptions(args)
 
 
-def build_rollout_pipeline(options: PipelineOptions, cfg: PipelineConfig, tasks: Sequence[Task], round_path: Path,
+def build_rollout_pipeline(options: PipelineOptions, cfg: PipelineConfig, tasks: Sequence[Task], round_path: Location,
                            round_k: int, checkpoint: str, version: str) -> beam.Pipeline:
     """ReadTasks -> Rollouts -> WriteSteps / WriteTrajectories / WriteDeadLetters."""
     p = beam.Pipeline(options=options)
@@ -168,7 +176,7 @@ def _one_sink(written: Sequence[beam.PCollection]) -> None:
     written | "Written" >> beam.Flatten() | "CountParts" >> beam.combiners.Count.Globally()
 
 
-def build_credit_pipeline(options: PipelineOptions, cfg: PipelineConfig, round_path: Path) -> beam.Pipeline:
+def build_credit_pipeline(options: PipelineOptions, cfg: PipelineConfig, round_path: Location) -> beam.Pipeline:
     """ReadSteps -> Credit -> WriteSubdiffs / WriteAnchors / WriteAnchorMembers / WriteAdvantages /
     WriteDeadLetters."""
     p = beam.Pipeline(options=options)
@@ -192,7 +200,7 @@ def build_credit_pipeline(options: PipelineOptions, cfg: PipelineConfig, round_p
 
 @dataclass
 class RoundResult:
-    round_dir: Path
+    round_dir: Location
     manifest: schema.Manifest
     stage_seconds: dict[str, float] = field(default_factory=dict)  # stages run by this call
     skipped: list[str] = field(default_factory=list)  # stages already complete
@@ -240,7 +248,7 @@ def changed_inputs(manifest: schema.Manifest, stage: str, inputs: dict[str, Any]
             for k in sorted(set(recorded) | set(inputs)) if recorded.get(k) != inputs.get(k)]
 
 
-def check_stage(manifest: schema.Manifest, round_path: Path, stage: str, inputs: dict[str, Any], chash: str
+def check_stage(manifest: schema.Manifest, round_path: Location, stage: str, inputs: dict[str, Any], chash: str
                 ) -> None:
     """RoundConflict (one line naming the stage and the changed keys) when a completed stage read other inputs.
 
@@ -253,7 +261,7 @@ def check_stage(manifest: schema.Manifest, round_path: Path, stage: str, inputs:
                             "Use another run_id or round; nothing was overwritten.")
 
 
-def complete_stage(manifest: schema.Manifest, round_path: Path, stage: str, seconds: float,
+def complete_stage(manifest: schema.Manifest, round_path: Location, stage: str, seconds: float,
                    inputs: dict[str, Any], **details: Any) -> None:
     """Record a completed stage with the inputs it read (what a resume compares) and write the manifest."""
     manifest.stages[stage] = {"completed_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -261,7 +269,7 @@ def complete_stage(manifest: schema.Manifest, round_path: Path, stage: str, seco
     schema.write_manifest(manifest, round_path)
 
 
-def _open_manifest(cfg: PipelineConfig, round_path: Path, round_k: int, version: str) -> schema.Manifest:
+def _open_manifest(cfg: PipelineConfig, round_path: Location, round_k: int, version: str) -> schema.Manifest:
     if (round_path / schema.MANIFEST_NAME).exists():
         return schema.read_manifest(round_path)
     m = schema.Manifest(run_id=cfg.run.run_id, round=round_k, config_hash=config_hash(cfg), git_sha=git_sha(),
@@ -270,8 +278,8 @@ def _open_manifest(cfg: PipelineConfig, round_path: Path, round_k: int, version:
     return m
 
 
-def _count(round_path: Path, table: str) -> int:
-    return sum(schema.check_parquet_schema(f, table).metadata.num_rows
+def _count(round_path: Location, table: str) -> int:
+    return sum(schema.check_parquet_schema(f, table).num_rows
                for f in schema.part_files(schema.table_dir(round_path, table)))
 
 
@@ -279,7 +287,8 @@ def run_round(cfg: PipelineConfig, round_k: int, checkpoint: str | Path, tasks: 
               beam_args: Sequence[str] = (), stop_after: str | None = None) -> RoundResult:
     """Run (or resume) one round's pipeline stages; `stop_after` ends early after a stage (tests, debugging)."""
     round_path = schema.round_dir(cfg.run.root, cfg.run.run_id, round_k)
-    round_path.mkdir(parents=True, exist_ok=True)
+    storage.makedirs(round_path)
+    checkpoint = storage.local_copy(checkpoint)  # a policy under an object-store root: loaders read local files
     version = policy_version(checkpoint)
     manifest = _open_manifest(cfg, round_path, round_k, version)
     inputs, chash = stage_inputs(cfg, version=version, tasks=tasks), config_hash(cfg)
@@ -300,8 +309,8 @@ def run_round(cfg: PipelineConfig, round_k: int, checkpoint: str | Path, tasks: 
                 ).wait_until_finish()
             else:
                 build_credit_pipeline(options, cfg, round_path).run().wait_until_finish()
+            STAGE[stage].seal(round_path)
             for table in STAGE[stage].outputs:
-                schema.table_dir(round_path, table).mkdir(parents=True, exist_ok=True)  # empty = no rows
                 manifest.row_counts[table] = _count(round_path, table)
             seconds = time.perf_counter() - start
             complete_stage(manifest, round_path, stage, seconds, inputs[stage])

@@ -5,7 +5,8 @@ schema is derived from it, so there is exactly one definition per column. Tables
 
     runs/<run_id>/round=<k>/<table>/part-*.parquet      + runs/<run_id>/round=<k>/manifest.json
 
-`write_table` writes atomically (temp file + rename) and stamps the schema version into the Parquet metadata;
+`<root>` is a local folder or an object-store URL (`pipeline.storage`). `write_table` writes each part whole
+or not at all (temp file + rename locally, one upload to an object store) and stamps the schema version into the Parquet metadata;
 `read_table` refuses a missing column, a wrong type or a newer schema version, naming the file and the column.
 
 Span convention everywhere: half-open [start, end) character offsets into `response_text`.
@@ -28,6 +29,8 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from pipeline.storage import Location, location, open_input, write_file
 
 SCHEMA_VERSION = 1
 _VERSION_KEY = b"didpo.schema_version"
@@ -271,28 +274,41 @@ def _check_version(meta: Mapping[bytes, bytes] | None, table: str, source: str) 
         raise SchemaError(f"{source}: holds table {stored!r}, not {table!r}")
 
 
-def check_parquet_schema(file: str | Path, table: str) -> pq.ParquetFile:
-    """Validate a Parquet file's footer (schema version, table name, columns and types) without reading data.
+def check_parquet_schema(file: str | Path, table: str) -> pq.FileMetaData:
+    """Validate a Parquet file's footer (schema version, table name, columns and types) without reading data;
+    returns the footer (`num_rows`, row groups).
 
     For readers that query files in place (DuckDB). Raises SchemaError naming the file and the column.
     """
+    with _parquet_file(file, table) as pf:
+        return pf.metadata
+
+
+@contextmanager
+def _parquet_file(file: str | Path, table: str) -> Iterator[pq.ParquetFile]:
+    """A validated ParquetFile, its handle closed on exit (an object store's open reads hold connections)."""
+    source = open_input(location(file))
     try:
-        pf = pq.ParquetFile(file)
-    except (OSError, pa.ArrowException) as e:
-        raise SchemaError(f"{file}: not a readable Parquet file of table {table!r}: {e}") from e
-    _check_version(pf.schema_arrow.metadata, table, str(file))
-    _check_columns(table, pf.schema_arrow, str(file))
-    return pf
+        try:
+            pf = pq.ParquetFile(source)
+        except (OSError, pa.ArrowException) as e:
+            raise SchemaError(f"{file}: not a readable Parquet file of table {table!r}: {e}") from e
+        _check_version(pf.schema_arrow.metadata, table, str(file))
+        _check_columns(table, pf.schema_arrow, str(file))
+        yield pf
+    finally:
+        if not isinstance(source, str):
+            source.close()
 
 
-def part_files(path: str | Path) -> list[Path]:
-    """The Parquet parts of a table folder (sorted), or the file itself."""
-    path = Path(path)
+def part_files(path: str | Path) -> list[Location]:
+    """The Parquet parts of a table folder (sorted), or the file itself; local or object-store."""
+    path = location(path)
     if path.is_file():
         return [path]
     if not path.is_dir():
         raise SchemaError(f"{path}: no such table (file or folder)")
-    return sorted(p for p in path.glob("part-*.parquet"))
+    return sorted((p for p in path.glob("part-*.parquet")), key=str)
 
 
 def read_table(path: str | Path, table: str) -> pa.Table:
@@ -304,13 +320,13 @@ def read_table(path: str | Path, table: str) -> pa.Table:
     schema = arrow_schema(table)
     parts = []
     for file in part_files(path):
-        pf = check_parquet_schema(file, table)
-        try:
-            parts.append(conform(table, pf.read(), source=str(file)))
-        except SchemaError:
-            raise
-        except (OSError, pa.ArrowException) as e:
-            raise SchemaError(f"{file}: not a readable Parquet file of table {table!r}: {e}") from e
+        with _parquet_file(file, table) as pf:
+            try:
+                parts.append(conform(table, pf.read(), source=str(file)))
+            except SchemaError:
+                raise
+            except (OSError, pa.ArrowException) as e:
+                raise SchemaError(f"{file}: not a readable Parquet file of table {table!r}: {e}") from e
     if not parts:
         return schema.empty_table()
     return pa.concat_tables(parts)
@@ -322,19 +338,10 @@ def read_rows(path: str | Path, table: str) -> list[Any]:
     return [row_type(**r) for r in read_table(path, table).to_pylist()]
 
 
-def atomic_write(dest: Path, write: Any) -> None:
-    """Write via a temp file in the same folder, fsync, then rename: readers see all or nothing."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
-    os.close(fd)
-    try:
-        write(tmp)
-        with open(tmp, "rb") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, dest)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+def atomic_write(dest: str | Path, write: Any) -> None:
+    """Write `dest` whole or not at all (`storage.write_file`): temp file + rename locally, one upload to an
+    object store."""
+    write_file(location(dest), write)
 
 
 @contextmanager
@@ -372,8 +379,8 @@ def write_table(data: pa.Table | Iterable[Any], folder: str | Path, table: str, 
     """
     arrow = conform(table, data) if isinstance(data, pa.Table) else to_arrow(table, data)
     name = f"part-{part:05d}.parquet" if isinstance(part, int) else f"part-{part}.parquet"
-    dest = Path(folder) / name
-    atomic_write(dest, lambda tmp: pq.write_table(arrow, tmp, compression="zstd"))
+    dest = location(folder) / name
+    write_file(dest, lambda tmp: pq.write_table(arrow, tmp, compression="zstd"))
     return dest
 
 
@@ -386,14 +393,14 @@ def content_id(*parts: Any) -> str:
     return hashlib.sha256(blob.encode("utf-8", "surrogatepass")).hexdigest()[:20]
 
 
-def round_dir(root: str | Path, run_id: str, round_k: int) -> Path:
-    """runs/<run_id>/round=<k>"""
-    return Path(root) / run_id / f"round={round_k}"
+def round_dir(root: str | Path, run_id: str, round_k: int) -> Location:
+    """runs/<run_id>/round=<k> (a local folder or an object-store URL)"""
+    return location(root) / run_id / f"round={round_k}"
 
 
-def table_dir(round_path: str | Path, table: str) -> Path:
+def table_dir(round_path: str | Path, table: str) -> Location:
     _row_type(table)
-    return Path(round_path) / table
+    return location(round_path) / table
 
 
 # ---- manifest -------------------------------------------------------------------------------------------
@@ -420,8 +427,8 @@ class Manifest:
 MANIFEST_NAME = "manifest.json"
 
 
-def write_manifest(manifest: Manifest, round_path: str | Path) -> Path:
-    dest = Path(round_path) / MANIFEST_NAME
+def write_manifest(manifest: Manifest, round_path: str | Path) -> Location:
+    dest = location(round_path) / MANIFEST_NAME
     text = json.dumps(dataclasses.asdict(manifest), indent=2, sort_keys=True)
     atomic_write(dest, lambda tmp: Path(tmp).write_text(text + "\n"))
     return dest
@@ -429,7 +436,7 @@ def write_manifest(manifest: Manifest, round_path: str | Path) -> Path:
 
 def read_manifest(round_path: str | Path) -> Manifest:
     """Read and validate a round's manifest; refuses unknown or missing keys and newer schema versions."""
-    src = Path(round_path) / MANIFEST_NAME
+    src = location(round_path) / MANIFEST_NAME
     try:
         raw = json.loads(src.read_text())
     except FileNotFoundError:

@@ -32,6 +32,7 @@ from pydantic import ValidationError
 from pipeline import schema
 from pipeline.assets import asset_dir
 from pipeline.credit.settings import CreditSettings
+from pipeline.storage import Location, location
 
 SQL_DIR = asset_dir("sql")
 ANALYSIS_DIR = SQL_DIR / "analysis"
@@ -213,9 +214,9 @@ def set_params(con: duckdb.DuckDBPyConnection, params: Mapping[str, Any] | None 
     return values
 
 
-def resolve_round(path: str | Path) -> Path:
-    """A round folder as given, or the latest `round=<k>` folder of a run folder."""
-    path = Path(path)
+def resolve_round(path: str | Path) -> Location:
+    """A round folder as given, or the latest `round=<k>` folder of a run folder (local or object-store URL)."""
+    path = location(path)
     if not path.is_dir():
         raise SqlError(f"{path}: no such folder (expected runs/<run_id>/round=<k> or runs/<run_id>)")
     if re.fullmatch(r"round=\d+", path.name) or (path / schema.MANIFEST_NAME).is_file() or any(
@@ -241,11 +242,13 @@ def connect_round(round_dir: str | Path, params: Mapping[str, Any] | None = None
     columns; a table without a folder has no view, unless `absent_as_empty` (a round whose later stages have
     not run yet: no anchors, no advantages). Raises SchemaError for a part that breaks the contract.
     """
-    round_dir = Path(round_dir)
+    round_dir = location(round_dir)
     if not round_dir.is_dir():
         raise SqlError(f"{round_dir}: no such round folder")
     con = duckdb.connect()
     try:
+        if not isinstance(round_dir, Path):
+            con.register_filesystem(round_dir.fs)  # DuckDB reads the URL's parts through fsspec (no httpfs)
         for table in schema.TABLES:
             folder = schema.table_dir(round_dir, table)
             if not folder.is_dir():
@@ -334,7 +337,7 @@ def run_query(
     params: values of the `params` table (adv_norm, std_eps, lam); CreditSettings' defaults otherwise.
     Errors as `query_table`.
     """
-    round_dir = Path(round_dir)
+    round_dir = location(round_dir)
     find_query(name_or_file)  # an unknown name is refused before the tables are opened
     con = connect_round(round_dir, params)
     try:

@@ -35,6 +35,14 @@ class _DropNoise(logging.Filter):
         return not str(record.msg).startswith(_NOISE)
 
 
+class _DropPrefetchTasks(logging.Filter):
+    """fsspec's read-ahead prefetcher (gcsfs's default for reads) leaves a finished producer task behind each
+    closed remote file, which asyncio reports at garbage collection as an error; nothing was lost."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "PrefetchProducer" not in record.getMessage()
+
+
 def quiet_third_parties() -> None:
     """Third-party import and load noise off (the CLI's default; `didpo --verbose` keeps it): the pynvml
     deprecation warning torch prints, Beam's note that the GCS filesystem is not installed, DeepSpeed's
@@ -45,6 +53,7 @@ def quiet_third_parties() -> None:
     warnings.filterwarnings("ignore", message=_NOISE[0])
     logging.getLogger().addFilter(_DropNoise())  # Beam logs through the root logger at import
     logging.getLogger("DeepSpeed").setLevel(logging.ERROR)
+    logging.getLogger("asyncio").addFilter(_DropPrefetchTasks())
 
 
 def configure(level: str = "INFO") -> None:
@@ -57,7 +66,8 @@ def configure(level: str = "INFO") -> None:
         handler = RichHandler(console=Console(stderr=True), rich_tracebacks=False, show_path=False, markup=False)
         handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
         root.addHandler(handler)
-        for noisy in ("apache_beam", "urllib3", "filelock", "datasets", "torch.distributed", "DeepSpeed"):
+        for noisy in ("apache_beam", "urllib3", "filelock", "datasets", "torch.distributed", "DeepSpeed", "fsspec",
+                      "gcsfs"):
             logging.getLogger(noisy).setLevel(logging.WARNING)
         _CONFIGURED = True
 

@@ -21,3 +21,28 @@ def tiny_policy(tmp_path_factory):
     from pipeline.policy.tiny import build_checkpoint
 
     return build_checkpoint(tmp_path_factory.mktemp("tiny_policy") / "tiny", size="tiny", seed=0).path
+
+
+@pytest.fixture(scope="session")
+def gcs_emulator(tmp_path_factory):
+    """The real fake-gcs-server on loopback, as `STORAGE_EMULATOR_HOST` (tests/lib/gcs_emulator.py); remote
+    checkpoints and staging go to a session cache folder."""
+    from gcs_emulator import fake_gcs_server
+
+    os.environ["DIDPO_CACHE"] = str(tmp_path_factory.mktemp("didpo_cache"))
+    with fake_gcs_server(tmp_path_factory.mktemp("gcs")) as url:
+        yield url
+    os.environ.pop("DIDPO_CACHE", None)
+
+
+@pytest.fixture
+def gcs_bucket(gcs_emulator, request):
+    """A fresh, empty bucket on the emulator: `gs://<name>`."""
+    import uuid
+
+    from pipeline.storage import location
+
+    name = f"didpo-{uuid.uuid4().hex[:12]}"
+    bucket = location(f"gs://{name}")
+    bucket.fs.mkdir(name)
+    return f"gs://{name}"

@@ -24,12 +24,13 @@ import shutil
 import socket
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from pipeline import storage
 from training.data import Batch, BatchPlan, Cursor, RoundData, load_round
 from training.settings import TrainSettings
 
@@ -384,7 +385,46 @@ def train_round(
     resume=True continues from `out_dir/train_state` when present (and returns the stored report when the
     round is already complete); resume=False refuses a non-empty out_dir. max_steps caps the optimizer steps
     of this call: the state is saved and the report says completed=False until the plan is done.
+
+    Any of the locations may be object-store URLs (`pipeline.storage`): checkpoints are read from a local
+    copy; a URL `out_dir` is trained in a local staging folder (where a killed update resumes) and the
+    finished policy is uploaded without its train state, the report last.
     """
+    init = storage.local_copy(init_checkpoint)
+    reference = storage.local_copy(reference_checkpoint) if reference_checkpoint is not None else None
+    dest = storage.location(out_dir)
+    if isinstance(dest, Path):
+        return _train_round(round_dir, init, dest, settings, reference_checkpoint=reference, resume=resume,
+                            max_steps=max_steps)
+    if (dest / REPORT_NAME).exists():
+        if not resume:
+            raise FileExistsError(f"{dest} already holds a trained round ({REPORT_NAME}); pass resume=True")
+        return TrainReport.from_json((dest / REPORT_NAME).read_text())
+    local = storage.work_dir(dest)
+    report = _train_round(round_dir, init, local, settings, reference_checkpoint=reference, resume=resume,
+                          max_steps=max_steps)
+    report = replace(report, out_dir=str(dest))
+    rank, world = _rank_and_world()
+    if report.completed and rank == 0:
+        (local / REPORT_NAME).write_text(report.to_json() + "\n")  # names where the policy is, not the staging
+        storage.put_folder(local, dest, exclude=(STATE_DIR,), last=(REPORT_NAME,))
+    if world > 1:
+        import torch.distributed as dist
+
+        dist.barrier()  # no rank returns before the policy is uploaded
+    return report
+
+
+def _train_round(
+    round_dir: str | os.PathLike[str],
+    init_checkpoint: Path,
+    out_dir: Path,
+    settings: TrainSettings,
+    *,
+    reference_checkpoint: Path | None,
+    resume: bool,
+    max_steps: int | None,
+) -> TrainReport:
     import deepspeed
 
     from pipeline.policy.loading import check_checkpoint, load_policy, load_tokenizer

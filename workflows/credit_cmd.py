@@ -23,6 +23,7 @@ from pipeline.credit import CreditResult, assign_advantages, credit_units
 from pipeline.credit_io import CREDIT_TABLES as OUTPUT_TABLES
 from pipeline.credit_io import result_tables, steps_from_table
 from pipeline.schema import atomic_folder, atomic_write, read_table, write_table
+from pipeline.storage import location, output_folder
 from workflows.errors import UserError
 from workflows.options import ConfigOpt, SetOpt, load_or_exit
 
@@ -38,13 +39,16 @@ def write_credit(result: CreditResult, out: Path) -> None:
 
 
 def credit(
-    steps: Annotated[Path, typer.Option("--steps", help="steps table: a Parquet file or a folder of parts")],
-    out: Annotated[Path, typer.Option("--out", help="output folder for the four tables and diagnostics")],
+    steps: Annotated[str, typer.Option("--steps", help="steps table: a Parquet file or a folder of parts (local "
+                                       "or an object-store URL)")],
+    out: Annotated[str, typer.Option("--out", help="output folder for the four tables and diagnostics (local or "
+                                     "an object-store URL)")],
     config: Path | None = ConfigOpt,
     overrides: list[str] = SetOpt,
 ) -> None:
     """Re-run credit assignment on a steps table; write subdiffs, anchors, anchor_members, advantages."""
     settings = load_or_exit(config, overrides).credit
+    out = location(out)
     # `out` is replaced whole: never a file or a folder that holds anything but an earlier credit output
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out}: exists and is not a folder")
@@ -57,7 +61,7 @@ def credit(
         raise UserError(f"--steps {steps}: the steps table has no rows, so there is nothing to assign credit to")
     # every table, whatever the estimator reads: they are written for analysis
     result = assign_advantages(credit_units(steps_from_table(table, str(steps)), settings), settings)
-    with atomic_folder(out) as staging:
+    with output_folder(out) as local, atomic_folder(local) as staging:  # a URL: filled locally, then uploaded
         write_credit(result, staging)
     d = result.diagnostics
     typer.echo(

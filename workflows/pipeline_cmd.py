@@ -17,19 +17,21 @@ def run_cmd(
     config: Path | None = ConfigOpt,
     overrides: list[str] = SetOpt,
     round_k: int = typer.Option(0, "--round", min=0, help="policy round k"),
-    checkpoint: Path | None = typer.Option(None, help="policy checkpoint (default: policy.checkpoint)"),
+    checkpoint: str | None = typer.Option(None, help="policy checkpoint, local or an object-store URL (default: "
+                                          "policy.checkpoint)"),
     runner: str | None = typer.Option(None, help="Beam runner: FnApiRunner, DirectRunner, dask, DataflowRunner, ..."),
 ) -> None:
     """Run or resume a round; unknown options (--project=..., --region=...) pass through to Beam."""
     from pipeline.policy.loading import check_checkpoint
     from pipeline.run import resolve_policy, run_round
+    from pipeline.storage import local_copy
     from pipeline.tasks.settings import resolve_tasks
     from workflows.summary import print_round_summary
 
     if runner:
         overrides = [*overrides, f"pipeline.runner={runner}"]
     cfg = load_or_exit(config, overrides)
-    ckpt = check_checkpoint(checkpoint) if checkpoint else resolve_policy(cfg.policy)  # before any worker starts
+    ckpt = check_checkpoint(local_copy(checkpoint)) if checkpoint else resolve_policy(cfg.policy)  # before any worker starts
     train, _ = resolve_tasks(cfg.tasks)
     result = run_round(cfg, round_k, ckpt, train, beam_args=list(ctx.args))  # a RoundConflict exits 1, one line
     print_round_summary(result.round_dir)

@@ -27,11 +27,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import typer
 
 from pipeline import schema
 from pipeline.sqlrun import round_metrics
+from pipeline.storage import Location, location
 from workflows.errors import Refused
 
 _ROUND_DIR = re.compile(r"^round=(\d+)$")
@@ -53,7 +55,7 @@ class RoundData:
     of the round table and the curves."""
 
     k: int
-    path: Path
+    path: Location
     tables: dict[str, list[dict[str, Any]]]
     metrics: dict[str, Any]  # the round's `round_metrics` row (pipeline.sqlrun.round_metrics)
     heldout_pass_rate: float | None  # the `eval` stage of `didpo round`, when recorded
@@ -99,11 +101,11 @@ class Arm:
     """One run folder: an estimator arm."""
 
     name: str  # label in legends: "<run> (<estimator>, lambda=<lam>)"
-    path: Path
+    path: Location
     rounds: list[RoundData] = field(default_factory=list)
 
 
-def _read_round(path: Path, k: int) -> RoundData:
+def _read_round(path: Location, k: int) -> RoundData:
     tables = {}
     for name in (*REQUIRED, *OPTIONAL):
         folder = schema.table_dir(path, name)
@@ -119,13 +121,13 @@ def _read_round(path: Path, k: int) -> RoundData:
     except (FileNotFoundError, ValueError):
         pass  # a round folder written by hand (no manifest) still reports its tables
     summary = path / "eval" / "eval_summary.parquet"  # `didpo eval --out round=<k>/eval` (the Airflow DAG)
-    benchmarks = pq.read_table(summary).to_pylist() if summary.is_file() else []
+    benchmarks = pq.read_table(pa.BufferReader(summary.read_bytes())).to_pylist() if summary.is_file() else []
     return RoundData(k, path, tables, round_metrics(path), heldout, benchmarks)
 
 
 def load_arm(run_dir: str | Path) -> Arm:
     """Every round=<k> folder of a run, in round order; ReportError when there is none."""
-    run = Path(run_dir)
+    run = location(run_dir)
     if not run.is_dir():
         raise ReportError(f"run folder {run} does not exist")
     found = sorted((int(m.group(1)), p) for p in run.iterdir() if p.is_dir() and (m := _ROUND_DIR.match(p.name)))
@@ -497,29 +499,35 @@ def build_report(runs: Sequence[str | Path], out: str | Path, *, steps: Sequence
     preface += "".join(_figure_html(f) for f in extra_figures)
     last = arms[0].rounds[-1]
     explored = explore(last, choose_steps(last, steps, explore_count)) if last.rows("advantages") else []
-    out = Path(out)
+    out = location(out)
     pngs = []
     for f in [*extra_figures, *figs]:
         dest = out / f"{f.name}.png"
         schema.atomic_write(dest, lambda tmp, f=f: Path(tmp).write_bytes(f.png))
-        dest.chmod(0o644)  # readable by the web server or colleague that opens the page
+        _readable(dest)
         pngs.append(dest)
     page = out / "index.html"
     text = render_page(arms, figs, missing, explored, preface)
     schema.atomic_write(page, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
-    page.chmod(0o644)
+    _readable(page)
     return Report(page, pngs, arms, explored)
 
 
+def _readable(file: Location) -> None:
+    if isinstance(file, Path):
+        file.chmod(0o644)  # readable by the web server or colleague that opens the page (objects have ACLs)
+
+
 def report_cmd(
-    run: list[Path] = typer.Option(..., "--run", help="run folder runs/<run_id> (repeat: one per estimator arm)"),
-    out: Path | None = typer.Option(None, help="output folder (default: <first run>/report)"),
+    run: list[str] = typer.Option(..., "--run", help="run folder runs/<run_id>, local or an object-store URL "
+                                  "(repeat: one per estimator arm)"),
+    out: str | None = typer.Option(None, help="output folder (default: <first run>/report)"),
     step: list[str] = typer.Option([], "--step", help="row_id to show in the credit-unit explorer (repeatable)"),
     explore_count: int = typer.Option(5, "--explore", min=0, help="steps in the explorer when no --step is given"),
 ) -> None:
     """Write an offline HTML report (and PNGs): curves, advantage and anchor distributions, a credit explorer."""
     try:
-        report = build_report(run, out or run[0] / "report", steps=step, explore_count=explore_count)
+        report = build_report(run, out or location(run[0]) / "report", steps=step, explore_count=explore_count)
     except ReportError as e:
         raise Refused(str(e)) from None
     typer.echo(f"report: {report.page} ({len(report.pngs)} figures, {len(report.explored)} explored steps)")

@@ -25,6 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 from pipeline import schema
+from pipeline.storage import Location, local_copy, location, output_folder
 from training.config import DidpoConfig
 
 
@@ -71,7 +72,7 @@ def run_rounds(cfg: DidpoConfig, rounds: int | None = None, console: Console | N
 
     console = console or Console()
     rounds = rounds or cfg.run.rounds
-    run_dir = Path(cfg.run.root) / cfg.run.run_id
+    run_dir = location(cfg.run.root) / cfg.run.run_id
     train_tasks, eval_tasks = resolve_tasks(cfg.tasks)
     policy = resolve_policy(cfg.policy)
     policy = cold_start(cfg, policy, eval_tasks, run_dir, console)
@@ -80,7 +81,7 @@ def run_rounds(cfg: DidpoConfig, rounds: int | None = None, console: Console | N
         console.rule(f"round {k}")
         result = run_round(cfg, k, policy, train_tasks)
         manifest, round_dir = result.manifest, result.round_dir
-        inputs, chash = stage_inputs(cfg, version=policy_version(policy), tasks=train_tasks,
+        inputs, chash = stage_inputs(cfg, version=policy_version(local_copy(policy)), tasks=train_tasks,
                                      eval_tasks=eval_tasks), config_hash(cfg)
         check_stage(manifest, round_dir, "train", inputs["train"], chash)
         summary = round_summary(round_dir)
@@ -93,7 +94,7 @@ def run_rounds(cfg: DidpoConfig, rounds: int | None = None, console: Console | N
         # eval is a leaf (nothing downstream reads its metrics): changed eval inputs measure again, not refuse
         if not manifest.stage_done("eval") or changed_inputs(manifest, "eval", inputs["eval"], chash):
             start = time.perf_counter()
-            metrics = quick_eval(out, eval_tasks, cfg)
+            metrics = quick_eval(local_copy(out), eval_tasks, cfg)
             complete_stage(manifest, round_dir, "eval", time.perf_counter() - start, inputs["eval"],
                            metrics=metrics)
         evaluation = manifest.stages["eval"]["metrics"]
@@ -120,12 +121,12 @@ def run_rounds(cfg: DidpoConfig, rounds: int | None = None, console: Console | N
 SFT_DIR = "sft"  # <run>/sft: the cold-started policy 0
 
 
-def round_policy(cfg: DidpoConfig, k: int) -> Path | None:
+def round_policy(cfg: DidpoConfig, k: int) -> Location | None:
     """The policy round k samples with, the one rule `didpo round`, `didpo compare` and the Airflow DAG follow:
     round k-1's update (round=<k-1>/policy); for k = 0 the SFT cold start (<run>/sft) when sft.enabled, else
     None: the configured `policy.checkpoint` (`pipeline.run.resolve_policy`). Raises ValueError naming what to
     run first when that policy does not exist yet."""
-    run_dir = Path(cfg.run.root) / cfg.run.run_id
+    run_dir = location(cfg.run.root) / cfg.run.run_id
     if k > 0:
         policy = run_dir / f"round={k - 1}" / "policy"
         if not policy.is_dir():
@@ -140,21 +141,22 @@ def round_policy(cfg: DidpoConfig, k: int) -> Path | None:
     return policy
 
 
-def cold_start(cfg: DidpoConfig, policy: Path, eval_tasks, run_dir: Path, console: Console) -> Path:
+def cold_start(cfg: DidpoConfig, policy: Path, eval_tasks, run_dir: Location, console: Console) -> Location:
     """The SFT'd policy when `sft.enabled`, else `policy` unchanged (idempotent: a finished SFT is reused)."""
     if not cfg.sft.enabled:
         return policy
-    from training.sft import run_cold_start
+    from training.sft import REPORT_NAME, run_cold_start
 
     out = run_dir / SFT_DIR
-    report = run_cold_start(cfg, policy, out, eval_tasks)
+    with output_folder(out, last=(REPORT_NAME,)) as local:  # an object-store run: SFT locally, then upload
+        report = run_cold_start(cfg, policy, local, eval_tasks)
     valid = report.evaluation["valid_rate"] if report.evaluation else float("nan")
     console.print(f"[bold]SFT[/] {out}: {report.n_examples} demonstrations, {report.total_steps} steps, loss "
                   f"{report.first_loss:.2f} -> {report.final_loss:.2f}; held-out valid-action rate {valid:.2f}")
     return out
 
 
-def write_rounds_table(rows: list[RoundRow], run_dir: Path) -> None:
+def write_rounds_table(rows: list[RoundRow], run_dir: Location) -> None:
     """runs/<run_id>/rounds.parquet and rounds.csv: one line per round."""
     if not rows:
         return

@@ -31,6 +31,7 @@ from pipeline.sqlrun import (
     resolve_round,
     run_query,
 )
+from pipeline.storage import Location
 from workflows.errors import UserError
 from workflows.options import ConfigOpt, SetOpt, load_or_exit
 
@@ -101,13 +102,13 @@ def write_result(result: pa.Table, out: Path) -> None:
         schema.atomic_write(out, lambda tmp: pq.write_table(result, tmp, compression="zstd"))
 
 
-def _refuse_empty_inputs(query: Query, round_dir: Path) -> None:
+def _refuse_empty_inputs(query: Query, round_dir: Location) -> None:
     """A query over tables without a single row answers nothing: refuse it rather than print an empty table."""
     tables = sorted(dependencies(query)[1])
     folders = [schema.table_dir(round_dir, t) for t in tables]
     if not tables or not all(f.is_dir() for f in folders):
         return  # nothing to check, or a missing table, which run_query refuses by name
-    rows = sum(schema.check_parquet_schema(part, table).metadata.num_rows
+    rows = sum(schema.check_parquet_schema(part, table).num_rows
                for table, folder in zip(tables, folders, strict=True) for part in schema.part_files(folder))
     if rows == 0:
         raise SqlError(f"{round_dir}: table(s) {', '.join(tables)} have no rows; query {query.name!r} has "
@@ -127,8 +128,9 @@ def _list_queries(console: Console) -> None:
 
 def sql(
     name_or_file: Annotated[str | None, typer.Argument(help="query name (see --list) or a .sql file")] = None,
-    run: Annotated[Path | None, typer.Option(
-        "--run", "-r", help="round folder runs/<id>/round=<k>, or a run folder (latest round)")] = None,
+    run: Annotated[str | None, typer.Option(
+        "--run", "-r", help="round folder runs/<id>/round=<k>, or a run folder (latest round); a local path "
+        "or an object-store URL")] = None,
     out: Annotated[Path | None, typer.Option(
         "--out", "-o", help="write every row to FILE.csv or FILE.parquet")] = None,
     limit: Annotated[int, typer.Option("--limit", "-n", min=0, help="rows to print")] = 50,

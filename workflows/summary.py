@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from pipeline import schema
+from pipeline.storage import location
 
 
 @dataclass
@@ -42,7 +43,7 @@ def round_summary(round_dir: str | Path) -> RoundSummary:
     """The round's mart row; a figure with nothing to average (no anchors, no passing rollout) reads 0."""
     from pipeline.sqlrun import round_metrics
 
-    rd = Path(round_dir)
+    rd = location(round_dir)
     m = round_metrics(rd)
     manifest = schema.read_manifest(rd)
     return RoundSummary(

@@ -2,7 +2,7 @@
 
 The same function as `didpo round`'s update (`training.trainer.train_round`), with the config's `train`
 section: reads the round's tables, writes the next policy and `train_report.json` into Q, resumes from Q's
-train state when killed. Data parallel under a launcher, each rank training on its share of every step:
+train state when killed. DIR, P and Q may be object-store URLs (gs://, s3://; `pipeline.storage`). Data parallel under a launcher, each rank training on its share of every step:
 
     torchrun --nproc_per_node 8 -m workflows.cli train --round runs/x/round=3 --policy P --out Q
     deepspeed --num_gpus 8 --module workflows.cli train ...           (docs/training.md)
@@ -20,12 +20,12 @@ from workflows.options import ConfigOpt, SetOpt, load_or_exit
 
 
 def train_cmd(
-    round_dir: Annotated[Path, typer.Option("--round", help="round folder with steps and advantages tables")],
-    policy: Annotated[Path, typer.Option("--policy", help="the policy that sampled the round (updated)")],
-    out: Annotated[Path, typer.Option("--out", help="folder of the next policy (new, empty, or resumable)")],
+    round_dir: Annotated[str, typer.Option("--round", help="round folder with steps and advantages tables")],
+    policy: Annotated[str, typer.Option("--policy", help="the policy that sampled the round (updated)")],
+    out: Annotated[str, typer.Option("--out", help="folder of the next policy (new, empty, or resumable)")],
     config: Path | None = ConfigOpt,
     overrides: list[str] = SetOpt,
-    reference: Annotated[Path | None, typer.Option(
+    reference: Annotated[str | None, typer.Option(
         "--reference", help="frozen KL reference (default: --policy, as `didpo round`)")] = None,
     max_steps: Annotated[int | None, typer.Option(
         "--max-steps", min=0, help="stop after this many optimizer steps of this call (resumable)")] = None,
@@ -39,13 +39,14 @@ def train_cmd(
 
     from pipeline.policy.loading import CheckpointError
     from pipeline.schema import SchemaError
+    from pipeline.storage import location
     from pipeline.telemetry import configure
     from training.trainer import train_round
 
     cfg = load_or_exit(config, overrides)
     configure(cfg.logging.level)
     torch.set_num_threads(threads)
-    if not round_dir.is_dir():
+    if not location(round_dir).is_dir():
         raise UserError(f"--round {round_dir}: no such round folder")
     try:
         report = train_round(round_dir, policy, out, cfg.train, reference_checkpoint=reference or policy,

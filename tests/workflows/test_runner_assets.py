@@ -188,6 +188,7 @@ def test_launch_sh_direct_passes_the_dataflow_options_to_pipeline_run(tmp_path):
         assert expected in args, expected
     assert args[args.index("--round") + 1] == "2"
     assert args[args.index("--config") + 1] == "configs/dataflow_gpu.yaml"
+    assert args[args.index("--set") + 1] == "run.root=gs://bkt/runs"  # tables in the bucket (pipeline.storage)
 
 
 # ---- the GPU preset ---------------------------------------------------------------------------------------
@@ -197,7 +198,7 @@ def test_dataflow_preset_loads_and_builds_dataflow_options():
     cfg = load_config(PRESET)
     assert cfg.pipeline.runner == "DataflowRunner" and cfg.policy.backend == "vllm"
     assert cfg.pipeline.samples_per_task == 32
-    assert not cfg.run.root.startswith("gs://"), "tables are written with local renames (docs/runners.md)"
+    assert load_config(PRESET, ["run.root=gs://bkt/runs"]).run.root == "gs://bkt/runs"  # launch.sh sets it
     options = beam_options(cfg.pipeline, ["--project=proj", "--sdk_container_image=reg/didpo:1"])
     assert options.view_as(StandardOptions).runner == "DataflowRunner"
     assert "use_runner_v2" in options.view_as(DebugOptions).experiments

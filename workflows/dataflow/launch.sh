@@ -15,6 +15,7 @@
 #   CONFIG           config file, relative to the repository root [configs/dataflow_gpu.yaml]
 #   ROUND            policy round k [0]
 #   CHECKPOINT       policy checkpoint directory, as seen by the launcher and the workers [policy.checkpoint]
+#   RUN_ROOT         run.root: where the round's tables and manifest are written [BUCKET/runs]
 #   ACCELERATOR      worker GPU [type:nvidia-l4;count:1;install-nvidia-driver]
 #   MACHINE_TYPE     worker machine type (must fit the accelerator) [g2-standard-8]
 #   NUM_WORKERS      initial workers [1]
@@ -60,6 +61,7 @@ REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 CONFIG="${CONFIG:-configs/dataflow_gpu.yaml}"
 ROUND="${ROUND:-0}"
 CHECKPOINT="${CHECKPOINT:-}"
+RUN_ROOT="${RUN_ROOT:-${BUCKET%/}/runs}"
 ACCELERATOR="${ACCELERATOR:-type:nvidia-l4;count:1;install-nvidia-driver}"
 MACHINE_TYPE="${MACHINE_TYPE:-g2-standard-8}"
 NUM_WORKERS="${NUM_WORKERS:-1}"
@@ -117,7 +119,7 @@ build_template() {
 
 run_template() {
   # '^~^' makes '~' the separator between parameters: values may hold ',', ';' and '='.
-  local params="^~^config=/template/${CONFIG}~round=${ROUND}~sdk_container_image=${IMAGE}"
+  local params="^~^config=/template/${CONFIG}~round=${ROUND}~sdk_container_image=${IMAGE}~set=run.root=${RUN_ROOT}"
   params+="~dataflow_service_options=worker_accelerator=${ACCELERATOR}~machine_type=${MACHINE_TYPE}"
   [[ -z "$CHECKPOINT" ]] || params+="~checkpoint=${CHECKPOINT}"
   gcloud dataflow flex-template run "$JOB_NAME" \
@@ -134,7 +136,7 @@ run_template() {
 
 run_direct() {
   local args=(
-    --config "$CONFIG" --round "$ROUND"
+    --config "$CONFIG" --round "$ROUND" --set "run.root=${RUN_ROOT}"
     --runner=DataflowRunner
     "--project=${PROJECT}" "--region=${REGION}" "--job_name=${JOB_NAME}"
     "--temp_location=${BUCKET%/}/tmp" "--staging_location=${BUCKET%/}/staging"
