@@ -111,9 +111,13 @@ def _has_tag(pair: tuple[str | None, WindowedValue], tag: str | None) -> bool:
     return pair[0] == tag
 
 
+def _main_or_tag(tag: str | None) -> str | None:
+    """A transform's output tag, its main output as None (Beam names it None or "None" by place)."""
+    return None if tag in (None, "None") else tag
+
+
 def _output_key(value: pvalue.PValue) -> tuple[AppliedPTransform, str | None]:
-    tag = getattr(value, "tag", None)
-    return value.producer, (None if tag in (None, "None") else tag)
+    return value.producer, _main_or_tag(getattr(value, "tag", None))
 
 
 class _Result(DaskRunnerResult):
@@ -159,12 +163,11 @@ class DidpoDaskRunner(DaskRunner):
                         for si in node.side_inputs]
                 bag = op.apply(**kws)
                 if isinstance(op, _ParDo):
-                    for tag in node.outputs:
-                        key = (node, None if tag in (None, "None") else tag)
-                        self.bags[key] = bag.filter(functools.partial(_has_tag, tag=key[1])).map(_untag)
+                    for tag in map(_main_or_tag, node.outputs):
+                        self.bags[(node, tag)] = bag.filter(functools.partial(_has_tag, tag=tag)).map(_untag)
                 else:
                     for tag in node.outputs or [None]:
-                        self.bags[(node, None if tag in (None, "None") else tag)] = bag
+                        self.bags[(node, _main_or_tag(tag))] = bag
 
             def sinks(self) -> list[Any]:
                 return [bag for key, bag in self.bags.items() if key not in self.consumed]

@@ -32,6 +32,7 @@ import functools
 import gc
 import json
 import os
+import reprlib
 import resource
 import select
 import shutil
@@ -234,7 +235,8 @@ def _reap() -> list[tuple[int, int]]:
 def instrument_check(source: str, filename: str = "<tests>") -> tuple[types.CodeType, tuple[dict, ...]]:
     """Compile a HumanEval-style test file so each top-level statement of `check` that asserts is one case.
 
-    Returns (code, cases); the code defines `check`, whose cases call `__didpo_case__(i, exc_or_None)`.
+    Returns (code, cases); the code defines `check`, whose cases call `__didpo_case__(i, exc_or_None)` and
+    whose failing asserts say what they compared through `__didpo_shown__` (`_shown`; `_ShowValues`).
     Module-level calls `check(...)` are dropped: the harness calls check itself. Cached: the worker compiles
     a task's tests once, before it forks the tester, and each later job of the task (a rollout group) forks
     with the result.
@@ -258,13 +260,60 @@ def instrument_check(source: str, filename: str = "<tests>") -> tuple[types.Code
                     end = stmt.end_col_offset if stmt.end_lineno == stmt.lineno else None
                     first = lines[stmt.lineno - 1].encode()[stmt.col_offset:end].decode("utf-8", "replace")
                     cases.append({"line": stmt.lineno, "source": first[:200]})
-                    new_body.append(_wrap_case(stmt, len(cases) - 1))
+                    new_body.append(_wrap_case(_ShowValues().visit(stmt), len(cases) - 1))
                 else:
                     new_body.append(stmt)
             node.body = new_body or [_located(ast.Pass(), node)]
         body.append(node)
     tree.body = body
     return compile(tree, filename, "exec"), tuple(cases)
+
+
+_OPS = {ast.Eq: "==", ast.NotEq: "!=", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Is: "is",
+        ast.IsNot: "is not", ast.In: "in", ast.NotIn: "not in"}
+
+
+class _ShowValues(ast.NodeTransformer):
+    """`assert L op R` -> `assert (l := L) op (r := R), __didpo_shown__(l, "op", r)` (and `assert X` ->
+    `assert (v := X), __didpo_shown__(v)`): a failing case then says which values it compared, as pytest
+    does. Each side is evaluated once, in the original order; the message is built only when the assert
+    fails, so it can never turn a failure into a pass."""
+
+    def visit_Assert(self, node: ast.Assert) -> ast.Assert:
+        if node.msg is not None:
+            return node
+        test, load = node.test, ast.Load()
+        if isinstance(test, ast.Compare) and len(test.ops) == 1 and type(test.ops[0]) in _OPS:
+            left = ast.NamedExpr(ast.Name("__didpo_left__", ast.Store()), test.left)
+            right = ast.NamedExpr(ast.Name("__didpo_right__", ast.Store()), test.comparators[0])
+            shown = [ast.Name("__didpo_left__", load), ast.Constant(_OPS[type(test.ops[0])]),
+                     ast.Name("__didpo_right__", load)]
+            new_test: ast.expr = ast.Compare(left, test.ops, [right])
+        else:
+            new_test = ast.NamedExpr(ast.Name("__didpo_value__", ast.Store()), test)
+            shown = [ast.Name("__didpo_value__", load)]
+        msg = ast.Call(ast.Name("__didpo_shown__", load), shown, [])
+        return _located(ast.Assert(new_test, msg), node)
+
+
+_SHOW = reprlib.Repr()  # bounded: a million-element list or a 190-deep one prints in microseconds
+_SHOW.maxlevel, _SHOW.maxstring, _SHOW.maxother, _SHOW.maxlong = 3, 80, 80, 40
+_SHOW.maxlist = _SHOW.maxtuple = _SHOW.maxset = _SHOW.maxfrozenset = _SHOW.maxdict = 8
+
+
+def _shown_value(value) -> str:
+    try:
+        return _SHOW.repr(value)
+    except Exception:  # noqa: BLE001 - e.g. an int past Python's digit limit: say what it is instead
+        return f"<{type(value).__name__}>"
+
+
+def _shown(*parts) -> str:
+    """The message of a failing rewritten assert: `assert <left> <op> <right>` with the values compared."""
+    if len(parts) == 1:
+        return f"assert {_shown_value(parts[0])}"
+    left, op, right = parts
+    return f"assert {_shown_value(left)} {op} {_shown_value(right)}"
 
 
 def _located(node: ast.AST, at: ast.AST) -> ast.AST:
@@ -358,7 +407,8 @@ def run_tester(job: dict, peer: _rpc.Peer, result_w: int) -> None:
         if import_error is not None:
             aborted = f"candidate module failed to import: {import_error}"
         else:
-            ns = {"__name__": "__didpo_tests__", "__builtins__": builtins, "__didpo_case__": record}
+            ns = {"__name__": "__didpo_tests__", "__builtins__": builtins, "__didpo_case__": record,
+                  "__didpo_shown__": _shown}
             try:
                 exec(code, ns)
                 check = ns.get("check")

@@ -47,6 +47,46 @@ def test_codec_sends_subclasses_as_their_builtin_value_and_refuses_objects():
         decode({"zz": 1})
 
 
+def _case_details(source: str, candidate) -> list[str | None]:
+    """Each case's outcome text (None: passed) when `source`'s check runs against `candidate` in process."""
+    code, _ = _worker.instrument_check(source, "check_0.py")
+    seen = []
+    ns = {"__didpo_case__": lambda i, exc: seen.append(None if exc is None else _worker._exc_text(exc)),
+          "__didpo_shown__": _worker._shown}
+    exec(code, ns)
+    ns["check"](candidate)
+    return seen
+
+
+def test_a_failing_assert_shows_the_values_it_compared():
+    source = ("def check(candidate):\n"
+              "    assert candidate(2) == 4\n"
+              "    assert candidate(3) in (9, 10)\n"
+              "    assert candidate(0)\n"
+              "    assert 0 < candidate(1) < 1\n"
+              "    assert candidate(5) == 25, 'the test says why'\n"
+              "    assert candidate(2) == 5\n")
+    calls = []
+
+    def square_ish(x):
+        calls.append(x)
+        return x * x if x != 3 else 8
+
+    assert _case_details(source, square_ish) == [
+        None, "AssertionError: assert 8 in (9, 10)", "AssertionError: assert 0", "AssertionError: assert False",
+        None, "AssertionError: assert 4 == 5"]
+    assert calls == [2, 3, 0, 1, 5, 2]  # every side evaluated once, in the original order
+
+
+def test_shown_values_are_bounded_and_never_fail_open():
+    source = "def check(candidate):\n    assert candidate(1) == [0]\n    assert candidate(2) == 1\n"
+    huge = {1: list(range(10**6)), 2: 10**5000}
+    first, second = _case_details(source, huge.get)
+    assert first.startswith("AssertionError: assert [0, 1, 2,") and len(first) < 120
+    assert second == "AssertionError: assert <int> == 1"  # past Python's digit limit: named, still failed
+    assert _case_details("def check(candidate):\n    assert candidate(1) == 1\n", {1: 1}.get) == [None]
+
+
 def test_codec_sends_stdlib_dict_subclasses_as_plain_dicts():
     # e.g. Mbpp/88's reference returns a Counter; a plain dict with the same items is the same answer
     for value in (collections.Counter("abca"), collections.OrderedDict(b=1, a=2), collections.defaultdict(int, a=2)):
@@ -73,7 +113,8 @@ def test_check_cases_are_labelled_with_their_first_line():
         (6, "assert candidate(é) == é"),
     ]
     seen = []
-    ns = {"__didpo_case__": lambda i, exc: seen.append((i, type(exc).__name__ if exc else None))}
+    ns = {"__didpo_case__": lambda i, exc: seen.append((i, type(exc).__name__ if exc else None)),
+          "__didpo_shown__": _worker._shown}
     exec(code, ns)  # the module-level check(None) was dropped: the harness calls check itself
     ns["check"](lambda v: {"\x0c": "ü", 1: 0}.get(v, v))
     assert seen == [(0, None), (1, "AssertionError"), (2, None)]
