@@ -25,6 +25,7 @@ from pipeline.credit.returns import returns_to_go
 from pipeline.policy.generation import GenerationRequest, GenerationResult
 from pipeline.schema import SANDBOX_LOST, DeadLetterRow, StepRow, TrajectoryRow, content_id
 from pipeline.tasks.base import Task
+from pipeline.telemetry import progress_bar
 
 _MAX_SEED = 2**63
 
@@ -172,25 +173,27 @@ def run_rollouts(rollouts: Sequence[Rollout], generate: Any, tokenizer: Any, exe
     """The plain-loop driver: turn by turn, batch the active rollouts' generations, then execute each.
 
     `generate(requests) -> results` is any generator (`TransformersGenerator.generate`). Returns the
-    trajectory rows, step rows and dead letters, in a canonical order.
+    trajectory rows, step rows and dead letters, in a canonical order. A progress bar counts finished episodes.
     """
     active = list(rollouts)
     done: list[Rollout] = []
     dead: list[DeadLetterRow] = []
-    while active:
-        requests = [prompt_request(r, tokenizer, settings) for r in active]
-        results: list[GenerationResult] = []
-        for i in range(0, len(requests), batch_size):
-            results += generate(requests[i: i + batch_size])
-        nxt = []
-        for r, res in zip(active, results, strict=True):
-            try:
-                r = advance(r, res, executor, settings)
-            except InfraFailure as failure:
-                dead.append(dead_letter(failure))
-                continue
-            (done if r.done else nxt).append(r)
-        active = nxt
+    with progress_bar("episodes", len(active), unit="ep") as bar:
+        while active:
+            requests = [prompt_request(r, tokenizer, settings) for r in active]
+            results: list[GenerationResult] = []
+            for i in range(0, len(requests), batch_size):
+                results += generate(requests[i: i + batch_size])
+            nxt = []
+            for r, res in zip(active, results, strict=True):
+                try:
+                    r = advance(r, res, executor, settings)
+                except InfraFailure as failure:
+                    dead.append(dead_letter(failure))
+                    continue
+                (done if r.done else nxt).append(r)
+            bar.update(len(active) - len(nxt))  # finished or dead-lettered this turn
+            active = nxt
     trajs, steps = [], []
     for r in sorted(done, key=lambda r: r.traj_id):
         t, s = finish(r, gamma)

@@ -77,10 +77,17 @@ def get_logger(name: str) -> logging.Logger:
 
 
 def progress(items: Iterable[T], desc: str, total: int | None = None, **kwargs: Any) -> Iterator[T]:
-    """A progress bar (stderr); silent when DIDPO_PROGRESS=0 (tests, CI logs)."""
-    disable = os.environ.get("DIDPO_PROGRESS", "1") == "0"
-    return iter(tqdm(items, desc=desc, total=total, disable=disable, dynamic_ncols=True, file=sys.stderr,
-                     mininterval=0.5, **kwargs))
+    """A progress bar (stderr) over `items`; silent when DIDPO_PROGRESS=0 (tests, CI logs)."""
+    return iter(progress_bar(desc, total, iterable=items, **kwargs))
+
+
+def progress_bar(desc: str, total: int | None, *, disable: bool = False, **kwargs: Any) -> tqdm:
+    """A progress bar (stderr) advanced by hand (`bar.update(n)`, closed by `with`): for loops whose units of
+    work finish out of step with the loop (rollouts ending at different turns). Silent when DIDPO_PROGRESS=0
+    or `disable`."""
+    disable = disable or os.environ.get("DIDPO_PROGRESS", "1") == "0"
+    return tqdm(desc=desc, total=total, disable=disable, dynamic_ncols=True, file=sys.stderr, mininterval=0.5,
+                **kwargs)
 
 
 class MetricsLog:

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from pipeline import storage
+from pipeline.telemetry import progress_bar
 from training.data import Batch, BatchPlan, Cursor, RoundData, load_round
 from training.settings import TrainSettings
 
@@ -523,6 +524,7 @@ def _train_round(
         engine.train()
         metrics: list[StepMetrics] = []
         last_saved = step
+        bar = progress_bar("update", total_steps, initial=step, unit="step", disable=rank != 0)
         while step < total_steps and (max_steps is None or len(metrics) < max_steps):
             epoch, k = divmod(step, steps_per_epoch)
             lo, hi = k * gas, min((k + 1) * gas, plan.batches_per_epoch)
@@ -566,6 +568,7 @@ def _train_round(
                     tokens += batch.n_tokens
                     parts.append(m)
             step += 1
+            bar.update(1)
             mean, tokens, t_compute = _reduce_step(parts, tokens, t_compute, world)
             metrics.append(
                 StepMetrics(
@@ -587,6 +590,7 @@ def _train_round(
                 _save_state(engine, state_dir, step, _cursor_of(step, steps_per_epoch, gas), plan_id)
                 last_saved = step
                 wall["save_s"] += time.perf_counter() - t0
+        bar.close()
 
         t0 = time.perf_counter()
         if step != last_saved or step == total_steps:

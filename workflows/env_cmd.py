@@ -14,6 +14,7 @@ import typer
 from pipeline.agent import Episode, EpisodeSettings
 from pipeline.sandbox import Judge, SandboxPool, SandboxSettings
 from pipeline.tasks import SOURCES, Task, load_source
+from pipeline.telemetry import progress
 from workflows.errors import UserError, read_json, read_text
 
 
@@ -75,7 +76,7 @@ def exec_cmd(
         judge = Judge(pool)
         if all_tasks:
             counts: dict[str, int] = {}
-            for t in tasks:
+            for t in progress(tasks, "tasks", total=len(tasks)):
                 res = judge.run(t, t.workspace if buggy else t.reference, hidden=True)
                 counts[res.status] = counts.get(res.status, 0) + 1
             typer.echo(json.dumps({"source": source, "workspaces": "buggy" if buggy else "reference",
