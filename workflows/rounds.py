@@ -14,6 +14,7 @@ The estimator and lambda come from the config, so the same command runs GRPO, Gi
 from __future__ import annotations
 
 import json
+import shutil
 import statistics
 import time
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ from rich.console import Console
 from rich.table import Table
 
 from pipeline import schema
-from pipeline.storage import Location, local_copy, location, output_folder
+from pipeline.storage import Location, local_copy, location, output_folder, work_dir
 from training.config import DidpoConfig
 
 
@@ -148,6 +149,9 @@ def cold_start(cfg: DidpoConfig, policy: Path, eval_tasks, run_dir: Location, co
     from training.sft import REPORT_NAME, run_cold_start
 
     out = run_dir / SFT_DIR
+    staged = work_dir(out)
+    if not isinstance(out, Path) and (out / REPORT_NAME).exists() and not (staged / REPORT_NAME).exists():
+        shutil.copytree(local_copy(out), staged, dirs_exist_ok=True)  # finished in the bucket: checked, not redone
     with output_folder(out, last=(REPORT_NAME,)) as local:  # an object-store run: SFT locally, then upload
         report = run_cold_start(cfg, policy, local, eval_tasks)
     valid = report.evaluation["valid_rate"] if report.evaluation else float("nan")

@@ -154,3 +154,34 @@ def test_a_round_under_gs_writes_the_objects_of_a_local_root_and_everything_read
     names = {p.name for p in policy.iterdir()}
     assert {"config.json", "model.safetensors", "train_report.json"} <= names and "train_state" not in names
     assert storage.local_copy(policy).joinpath("model.safetensors").is_file()  # the next round's policy
+
+
+@pytest.mark.slow
+def test_a_cold_start_finished_in_the_bucket_is_reused_not_redone(gcs_bucket, tiny_policy, tmp_path, monkeypatch):
+    """Another machine (no local staging folder) resuming an object-store run checks the bucket's SFT against
+    its inputs and reuses it."""
+    import yaml
+    from rich.console import Console
+
+    from pipeline.policy import loading
+    from pipeline.tasks.settings import resolve_tasks
+    from training import sft
+    from training.config import load_config as load_didpo
+    from workflows.rounds import cold_start
+
+    small = {"tasks": {"train": [{"source": "mbpp", "split": "train", "limit": 2}],
+                       "eval": [{"source": "humanevalfix", "limit": 1}]},
+             "sft": {"max_steps": 2, "warmup_steps": 1, "rl_task_episodes": 1,
+                     "tasks": {"train": [{"source": "mbpp", "split": "train", "limit": 2}],
+                               "eval": [{"source": "humaneval", "limit": 1}]}}}
+    (tmp_path / "small.yaml").write_text(yaml.safe_dump(small))
+    cfg = load_didpo(tmp_path / "small.yaml", [f"run.root={gcs_bucket}/runs"])
+    _, eval_tasks = resolve_tasks(cfg.tasks)
+    run_dir = storage.location(cfg.run.root) / cfg.run.run_id
+    first = cold_start(cfg, tiny_policy, eval_tasks, run_dir, Console(quiet=True))
+    report = json.loads((first / sft.REPORT_NAME).read_text())
+    assert str(first).startswith("gs://") and report["total_steps"] == 2
+    storage.remove_tree(storage.work_dir(first))  # the staging folder of the machine that trained it
+    monkeypatch.setattr(loading, "load_policy", lambda *a, **k: pytest.fail("the finished SFT was trained again"))
+    again = cold_start(cfg, tiny_policy, eval_tasks, run_dir, Console(quiet=True))
+    assert str(again) == str(first) and json.loads((again / sft.REPORT_NAME).read_text()) == report
