@@ -27,7 +27,7 @@ _CONFIGURED = False
 
 
 # Messages third-party libraries print on import or load that say nothing about the user's run.
-_NOISE = ("The pynvml package is deprecated", "Failed to import GCSFileSystem")
+_NOISE = ("The pynvml package is deprecated", "Failed to import GCSFileSystem", "apitools not found")
 
 
 class _DropNoise(logging.Filter):
@@ -45,7 +45,7 @@ class _DropPrefetchTasks(logging.Filter):
 
 def quiet_third_parties() -> None:
     """Third-party import and load noise off (the CLI's default; `didpo --verbose` keeps it): the pynvml
-    deprecation warning torch prints, Beam's note that the GCS filesystem is not installed, DeepSpeed's
+    deprecation warning torch prints, Beam's notes that the GCS filesystem or apitools is missing, DeepSpeed's
     accelerator guess, and the weight-loading progress bars of transformers. Our own bars and logs stay."""
     import warnings
 

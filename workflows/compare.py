@@ -27,6 +27,7 @@ from rich.console import Console
 from rich.table import Table
 
 from pipeline import schema
+from pipeline.storage import is_url
 from training.config import load_config
 
 # What the comparison reports per round, with its label and format: the issue's three plus context.
@@ -84,6 +85,9 @@ def run_compare(config: str | None, overrides: Sequence[str], estimators: Sequen
     unknown = sorted(set(estimators) - set(ESTIMATORS))
     if unknown:
         raise ValueError(f"unknown estimator(s) {unknown}; registered: {', '.join(sorted(ESTIMATORS))}")
+    if is_url(base.run.root):  # its arms' processes and its page are written with local paths
+        raise ValueError(f"run.root {base.run.root}: compare needs a local folder; run the arms with `didpo round "
+                         "--set run.root=<url>` instead")
     compare_dir = Path(base.run.root) / compare_id
     _, eval_tasks = resolve_tasks(base.tasks)
     policy = resolve_policy(base.policy)

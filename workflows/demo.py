@@ -10,10 +10,10 @@
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 from rich.console import Console
 
+from pipeline.storage import location
 from pipeline.telemetry import configure
 from training.config import DidpoConfig
 
@@ -28,7 +28,7 @@ def run_demo(cfg: DidpoConfig) -> None:
     console = Console()
     start = time.perf_counter()
     rows = run_rounds(cfg, cfg.run.rounds, console)
-    run_dir = Path(cfg.run.root) / cfg.run.run_id
+    run_dir = location(cfg.run.root) / cfg.run.run_id
     last = schema.round_dir(cfg.run.root, cfg.run.run_id, rows[-1].round)
     print_round_summary(last, console)
     report = build_report([run_dir], run_dir / "report", steps=[], explore_count=5)

@@ -25,6 +25,7 @@ from rich.table import Table
 
 from pipeline.config import PipelineConfig
 from pipeline.evaluation import SummaryRow
+from pipeline.storage import is_url
 from workflows.errors import Refused, UserError
 from workflows.options import ConfigOpt, SetOpt, load_or_exit
 
@@ -121,6 +122,8 @@ def eval_cmd(
         temperature = cfg.eval.temperature if samples == 1 else cfg.policy.temperature
     if samples > 1 and temperature == 0.0:
         raise UserError("several samples at temperature 0 are identical; pass --temperature > 0")
+    if out is None and is_url(cfg.run.root):  # the results are written with local paths
+        raise UserError(f"run.root {cfg.run.root} is an object-store URL: pass --out with a local folder")
     out = out or Path(cfg.run.root) / cfg.run.run_id / "eval"
     try:
         check_checkpoint(policy)  # before the benchmarks are loaded

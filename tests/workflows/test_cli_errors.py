@@ -98,6 +98,7 @@ BAD_INPUTS = {
     "round: --rounds 0": (["round", "--rounds", "0"], "--rounds"),
     "compare: seeds not numbers": (["compare", "--seeds", "a,b"], "--seeds"),
     "compare: --jobs 0": (["compare", "--jobs", "0"], "--jobs"),
+    "compare: an object-store root": (["compare", "--set", "run.root=gs://b/runs"], "compare needs a local folder"),
     "eval: missing policy": (["eval", "--policy", "{missing}"], "missing"),
     "unknown command": (["nosuch"], "nosuch"),
 }

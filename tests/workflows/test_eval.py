@@ -213,6 +213,7 @@ def test_eval_command_prints_and_writes_the_table(tiny_policy, tmp_path):
     (["--samples", "2", "--k", "3"], "--k values must lie in 1..2"),
     (["--samples", "3", "--temperature", "0"], "identical"),
     (["--on-overlap", "maybe"], "--on-overlap"),
+    (["--set", "run.root=gs://b/runs"], "pass --out with a local folder"),  # results are written locally
 ])
 def test_eval_command_refuses_bad_options(tmp_path, args, message):
     res = CliRunner().invoke(_app(), ["eval", "--policy", str(tmp_path), *args])
