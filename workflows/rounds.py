@@ -76,13 +76,13 @@ def run_rounds(cfg: DidpoConfig, rounds: int | None = None, console: Console | N
     run_dir = location(cfg.run.root) / cfg.run.run_id
     train_tasks, eval_tasks = resolve_tasks(cfg.tasks)
     policy = resolve_policy(cfg.policy)
-    policy = cold_start(cfg, policy, eval_tasks, run_dir, console)
+    policy = local_copy(cold_start(cfg, policy, eval_tasks, run_dir, console))  # one download per policy
     rows = []
     for k in range(rounds):
         console.rule(f"round {k}")
         result = run_round(cfg, k, policy, train_tasks)
         manifest, round_dir = result.manifest, result.round_dir
-        inputs, chash = stage_inputs(cfg, version=policy_version(local_copy(policy)), tasks=train_tasks,
+        inputs, chash = stage_inputs(cfg, version=policy_version(policy), tasks=train_tasks,
                                      eval_tasks=eval_tasks), config_hash(cfg)
         check_stage(manifest, round_dir, "train", inputs["train"], chash)
         summary = round_summary(round_dir)
@@ -113,7 +113,7 @@ def run_rounds(cfg: DidpoConfig, rounds: int | None = None, console: Console | N
             pipeline_s=sum(stage_s.get(s, 0.0) for s in STAGES),
             train_s=stage_s.get("train", 0.0), eval_s=stage_s.get("eval", 0.0),
         ))
-        policy = round_policy(cfg, k + 1)  # = out
+        policy = local_copy(round_policy(cfg, k + 1))  # = out (its local copy under an object-store root)
     write_rounds_table(rows, run_dir)
     print_rounds_table(rows, console)
     return rows
