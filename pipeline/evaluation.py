@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.schema import DeadLetterRow, StepRow, TrajectoryRow, atomic_write, write_table
-from pipeline.tasks import BUNDLED_FILES, Task, check_disjoint, load_source, problem_key
+from pipeline.tasks import BUNDLED_FILES, Task, check_disjoint, load_source, overlap_keys
 
 if TYPE_CHECKING:
     from pipeline.agent.settings import EpisodeSettings
@@ -99,26 +99,36 @@ class Selection:
         return [t for ts in self.tasks.values() for t in ts]
 
 
-def select_benchmark_tasks(benchmarks: Sequence[str], train: Iterable[Task], *, limit: int | None = None,
-                           on_overlap: str = "exclude",
+def file_benchmarks(task_file: str | Path) -> dict[str, list[Task]]:
+    """The tasks of a task file (docs/tasks.md) as benchmarks: one per source name, in file order."""
+    groups: dict[str, list[Task]] = {}
+    for task in load_source("file", task_file):
+        groups.setdefault(task.source, []).append(task)
+    return groups
+
+
+def select_benchmark_tasks(benchmarks: Sequence[str] | Mapping[str, Sequence[Task]], train: Iterable[Task], *,
+                           limit: int | None = None, on_overlap: str = "exclude",
                            paths: Mapping[str, str | Path] | None = None) -> Selection:
     """Each benchmark's tasks minus those that share a problem with `train`, first `limit` of each.
 
-    on_overlap: "exclude" leaves shared problems out (counted in `Selection.excluded`); "error" refuses them
-    with `check_disjoint`'s message. Either way the result is checked disjoint from `train`.
+    benchmarks: bundled source names (loaded from `paths` where given), or benchmark name -> tasks
+    (`file_benchmarks`). on_overlap: "exclude" leaves shared problems out (counted in `Selection.excluded`);
+    "error" refuses them with `check_disjoint`'s message. Either way the result is checked disjoint from `train`.
     """
     if on_overlap not in ("exclude", "error"):
         raise ValueError(f"on_overlap must be 'exclude' or 'error', got {on_overlap!r}")
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be >= 1, got {limit}")
     train = list(train)
-    train_problems = {problem_key(t) for t in train}
+    train_keys = {key for t in train for key in overlap_keys(t)}
+    if not isinstance(benchmarks, Mapping):
+        benchmarks = {name: load_source(name, (paths or {}).get(name)) for name in benchmarks}
     selection = Selection(tasks={})
-    for name in benchmarks:
-        tasks = load_source(name, (paths or {}).get(name))
+    for name, tasks in benchmarks.items():
         if on_overlap == "error":
             check_disjoint(train, tasks)
-        kept = [t for t in tasks if problem_key(t) not in train_problems]
+        kept = [t for t in tasks if not train_keys.intersection(overlap_keys(t))]
         selection.excluded[name] = len(tasks) - len(kept)
         selection.tasks[name] = kept[:limit] if limit is not None else kept
         if not selection.tasks[name]:

@@ -100,6 +100,15 @@ def _files(pairs: Iterable[tuple[str, str]]) -> list[dict[str, str]]:
     return [{"path": p, "text": t} for p, t in pairs]
 
 
+_CASES_KEPT, _CASE_CHARS = 10, 300  # per step: the steps table is for analysis, not a log of every case
+
+
+def failing_cases(step: StepResult) -> list[dict[str, str]]:
+    """The cases the step's test run failed, each with why (bounded), for the steps table."""
+    cases = step.exec_result.cases if step.exec_result is not None else ()
+    return [{"case": c.name[:_CASE_CHARS], "detail": c.detail[:_CASE_CHARS]} for c in cases if not c.passed][:_CASES_KEPT]
+
+
 def step_row(rollout: Rollout, result: GenerationResult, step: StepResult) -> StepRow:
     """The steps-table row of one turn (return_to_go is filled when the trajectory ends)."""
     return StepRow(
@@ -113,6 +122,7 @@ def step_row(rollout: Rollout, result: GenerationResult, step: StepResult) -> St
         workspace_hash_before=step.workspace_hash_before, workspace_hash_after=step.workspace_hash_after,
         exec_status=step.exec_status, visible_passed=step.visible_passed,
         visible_total=step.visible_total, step_reward=float(step.step_reward), return_to_go=0.0, done=step.done,
+        failing_cases=failing_cases(step),
     )
 
 

@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 
 from pipeline.storage import Location, location, open_input, write_file
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: steps.failing_cases (a version-1 table reads with it empty)
 _VERSION_KEY = b"didpo.schema_version"
 _TABLE_KEY = b"didpo.table"
 
@@ -40,6 +40,7 @@ EXEC_STATUSES = ("passed", "failed", "timeout", "crashed", "invalid_action", "in
 ACTION_KINDS = ("edit", "insert", "write", "run_tests", "finish", "invalid")
 
 FILE_STRUCT = pa.struct([("path", pa.string()), ("text", pa.string())])
+CASE_STRUCT = pa.struct([("case", pa.string()), ("detail", pa.string())])
 
 
 class SchemaError(ValueError):
@@ -50,9 +51,10 @@ class RoundConflict(RuntimeError):
     """A completed stage of the round folder read other inputs than this run would: refuse, don't overwrite."""
 
 
-def col(arrow_type: pa.DataType, doc: str, default: Any = dataclasses.MISSING) -> Any:
-    """A dataclass field that knows its Arrow type and meaning."""
-    meta = {"arrow": arrow_type, "doc": doc}
+def col(arrow_type: pa.DataType, doc: str, default: Any = dataclasses.MISSING, since: int = 1) -> Any:
+    """A dataclass field that knows its Arrow type and meaning. `since`: the schema version that added it (an
+    older file lacks it and reads with the default)."""
+    meta = {"arrow": arrow_type, "doc": doc, "since": since}
     if default is dataclasses.MISSING:
         return field(metadata=meta)
     if isinstance(default, list | dict):
@@ -104,6 +106,9 @@ class StepRow:
     step_reward: float = col(_F32, "graded visible-test reward (+ terminal outcome on the last turn)")
     return_to_go: float = col(_F32, "R_t = sum_k gamma^(k-t) r_k")
     done: bool = col(_BOOL, "whether the episode ended with this step")
+    failing_cases: list = col(pa.list_(CASE_STRUCT), "the test cases this step's run failed, each with why (the "
+                              "expected and actual value or the error; first 10, 300 characters each)", default=[],
+                              since=2)
 
 
 _SPAN = pa.struct([("start", _I32), ("end", _I32)])  # a half-open [start, end) range
@@ -238,29 +243,42 @@ def to_arrow(table: str, rows: Iterable[Any]) -> pa.Table:
         raise SchemaError(f"{table}: values do not fit the contract: {e}") from e
 
 
-def _check_columns(table: str, got: pa.Schema, source: str) -> None:
+def _added_after(table: str, version: int) -> dict[str, Any]:
+    """Columns a file of schema `version` predates -> the value they read with."""
+    return {f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            for f in dataclasses.fields(_row_type(table)) if f.metadata["since"] > version}
+
+
+def _check_columns(table: str, got: pa.Schema, source: str, version: int = SCHEMA_VERSION) -> None:
+    later = _added_after(table, version)
     for f in arrow_schema(table):
         if f.name not in got.names:
+            if f.name in later:
+                continue
             raise SchemaError(f"{source}: table {table!r} is missing column {f.name!r} ({f.type})")
         got_type = got.field(f.name).type
         if got_type != f.type:
             raise SchemaError(f"{source}: column {f.name!r} of table {table!r} has type {got_type}, expected {f.type}")
 
 
-def conform(table: str, data: pa.Table, *, source: str = "<memory>") -> pa.Table:
+def conform(table: str, data: pa.Table, *, source: str = "<memory>", version: int = SCHEMA_VERSION) -> pa.Table:
     """Check `data` against the contract and return it with the exact schema (column order, types, metadata).
 
-    Extra columns are dropped; a missing column or a type that differs is refused, naming `source` and the column.
+    Extra columns are dropped; a missing column or a type that differs is refused, naming `source` and the column,
+    except a column added after `version` (the data's schema version), which is filled with its default.
     """
     schema = arrow_schema(table)
-    _check_columns(table, data.schema, source)
+    _check_columns(table, data.schema, source, version)
+    for name, value in _added_after(table, version).items():
+        if name not in data.schema.names:
+            data = data.append_column(schema.field(name), pa.array([value] * data.num_rows, schema.field(name).type))
     for f in schema:
         if data.column(f.name).null_count:
             raise SchemaError(f"{source}: column {f.name!r} of table {table!r} has null values")
     return pa.Table.from_arrays([data.column(n) for n in schema.names], schema=schema)
 
 
-def _check_version(meta: Mapping[bytes, bytes] | None, table: str, source: str) -> None:
+def _check_version(meta: Mapping[bytes, bytes] | None, table: str, source: str) -> int:
     meta = meta or {}
     if _VERSION_KEY not in meta:
         raise SchemaError(f"{source}: no didpo schema version in the file metadata (not written by write_table?)")
@@ -272,6 +290,7 @@ def _check_version(meta: Mapping[bytes, bytes] | None, table: str, source: str) 
     stored = meta.get(_TABLE_KEY, table.encode()).decode()
     if stored != table:
         raise SchemaError(f"{source}: holds table {stored!r}, not {table!r}")
+    return version
 
 
 def check_parquet_schema(file: str | Path, table: str) -> pq.FileMetaData:
@@ -293,8 +312,8 @@ def _parquet_file(file: str | Path, table: str) -> Iterator[pq.ParquetFile]:
             pf = pq.ParquetFile(source)
         except (OSError, pa.ArrowException) as e:
             raise SchemaError(f"{file}: not a readable Parquet file of table {table!r}: {e}") from e
-        _check_version(pf.schema_arrow.metadata, table, str(file))
-        _check_columns(table, pf.schema_arrow, str(file))
+        pf.didpo_version = _check_version(pf.schema_arrow.metadata, table, str(file))
+        _check_columns(table, pf.schema_arrow, str(file), pf.didpo_version)
         yield pf
     finally:
         if not isinstance(source, str):
@@ -322,7 +341,7 @@ def read_table(path: str | Path, table: str) -> pa.Table:
     for file in part_files(path):
         with _parquet_file(file, table) as pf:
             try:
-                parts.append(conform(table, pf.read(), source=str(file)))
+                parts.append(conform(table, pf.read(), source=str(file), version=pf.didpo_version))
             except SchemaError:
                 raise
             except (OSError, pa.ArrowException) as e:

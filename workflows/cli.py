@@ -1,8 +1,8 @@
 """`didpo`: the command line of the whole system.
 
     didpo config show [--config F] [--set a.b=c]   the resolved config
-    didpo schema                                   the data contract
-    didpo tasks list|show                          task sources
+    didpo schema [task]                            the data contract (the task file format)
+    didpo tasks list|show|export|make-repair       task sources and task files
     didpo model init|info                          tiny offline policy checkpoints
     didpo exec / didpo episode                     the sandboxed coding environment
     didpo credit                                   re-run credit assignment on a steps table
@@ -30,7 +30,7 @@ from workflows.env_cmd import episode_cmd, exec_cmd
 from workflows.errors import DidpoGroup, UserError
 from workflows.eval_cmd import eval_cmd
 from workflows.model_cmd import model_app
-from workflows.options import ConfigOpt, SetOpt, load_or_exit
+from workflows.options import ConfigOpt, SetOpt, TasksOpt, load_or_exit, tasks_overrides
 from workflows.pipeline_cmd import pipeline_app
 from workflows.report import report_cmd
 from workflows.sft_cmd import sft
@@ -66,9 +66,9 @@ def _root(verbose: bool = typer.Option(False, "--verbose", help="also show third
 
 
 @config_app.command("show")
-def config_show(config: Path | None = ConfigOpt, overrides: list[str] = SetOpt) -> None:
+def config_show(config: Path | None = ConfigOpt, overrides: list[str] = SetOpt, tasks: Path | None = TasksOpt) -> None:
     """Print the resolved config (defaults filled in, overrides applied) as YAML."""
-    typer.echo(to_yaml(load_or_exit(config, overrides)), nl=False)
+    typer.echo(to_yaml(load_or_exit(config, overrides, tasks)), nl=False)
 
 
 @config_app.command("check")
@@ -81,10 +81,18 @@ def config_check(config: Path | None = ConfigOpt, overrides: list[str] = SetOpt)
 
 
 @app.command("schema")
-def schema_cmd(table: list[str] = typer.Argument(None, help="tables to show (default: all)")) -> None:
-    """Print the data contract: every table's columns, types and meaning."""
+def schema_cmd(table: list[str] = typer.Argument(None, help="tables to show (default: all); `task`: the JSON "
+                                                 "Schema of a task file line")) -> None:
+    """Print the data contract: every table's columns, types and meaning (or the task file format)."""
     from pipeline import schema
 
+    if table == ["task"]:
+        import json
+
+        from pipeline.tasks.taskfile import json_schema
+
+        typer.echo(json.dumps(json_schema(), indent=2))
+        return
     try:
         typer.echo(schema.describe(table or schema.TABLES))
     except schema.SchemaError as e:
@@ -100,19 +108,19 @@ def demo_cmd(config: Path | None = ConfigOpt, overrides: list[str] = SetOpt) -> 
 
 
 @app.command("round")
-def round_cmd(config: Path | None = ConfigOpt, overrides: list[str] = SetOpt,
+def round_cmd(config: Path | None = ConfigOpt, overrides: list[str] = SetOpt, tasks: Path | None = TasksOpt,
               rounds: int | None = typer.Option(None, min=1, help="policy rounds (default: run.rounds)")) -> None:
     """Policy rounds: SFT once, then per round the pipeline, the update and a held-out evaluation (resumable)."""
     from pipeline.telemetry import configure
     from workflows.rounds import run_rounds
 
-    cfg = load_or_exit(config, overrides)
+    cfg = load_or_exit(config, overrides, tasks)
     configure(cfg.logging.level)
     run_rounds(cfg, rounds)
 
 
 @app.command("compare")
-def compare_cmd(config: Path | None = ConfigOpt, overrides: list[str] = SetOpt,
+def compare_cmd(config: Path | None = ConfigOpt, overrides: list[str] = SetOpt, tasks: Path | None = TasksOpt,
                 estimators: str = typer.Option("didpo,didpo_did,grpo", help="comma-separated estimator arms"),
                 seeds: str = typer.Option("0,1,2", help="comma-separated seeds (run.seed and train.seed)"),
                 rounds: int | None = typer.Option(None, min=1, help="policy rounds per arm (default: run.rounds)"),
@@ -122,6 +130,7 @@ def compare_cmd(config: Path | None = ConfigOpt, overrides: list[str] = SetOpt,
     from pipeline.telemetry import configure
     from workflows.compare import run_compare, write_report
 
+    overrides = [*overrides, *tasks_overrides(tasks)]  # the arms' processes get the file as settings
     cfg = load_or_exit(config, overrides)
     configure(cfg.logging.level)
     try:

@@ -1,6 +1,7 @@
 """`didpo eval`: benchmark pass@k of a policy with multi-turn self-repair episodes (pipeline/evaluation.py).
 
     didpo eval --policy CKPT --benchmarks humaneval,humanevalplus,mbppplus,humanevalfix --turns 4 --samples 5
+    didpo eval --policy CKPT --tasks my_tasks.jsonl        # a task file, one benchmark per source name in it
 
 1. The training pool (config `tasks.train`) is loaded; every benchmark task that poses one of its problems is
    left out (`--on-overlap error` refuses instead) and the rest is checked disjoint from it.
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import typer
@@ -26,6 +27,7 @@ from rich.table import Table
 from pipeline.config import PipelineConfig
 from pipeline.evaluation import SummaryRow
 from pipeline.storage import is_url
+from pipeline.tasks import Task
 from workflows.errors import Refused, UserError
 from workflows.options import ConfigOpt, SetOpt, load_or_exit
 
@@ -48,7 +50,8 @@ def render_table(rows: Sequence[SummaryRow], ks: Sequence[int], title: str) -> T
     return table
 
 
-def evaluate(cfg: PipelineConfig, policy: Path, benchmarks: Sequence[str], *, turns: int, samples: int,
+def evaluate(cfg: PipelineConfig, policy: Path, benchmarks: Sequence[str] | Mapping[str, Sequence[Task]], *,
+             turns: int, samples: int,
              temperature: float, ks: Sequence[int], limit: int | None, on_overlap: str, out: Path,
              console: Console) -> list[SummaryRow]:
     """Run the evaluation and write/print its tables; returns the summary rows."""
@@ -92,7 +95,9 @@ def evaluate(cfg: PipelineConfig, policy: Path, benchmarks: Sequence[str], *, tu
 
 def eval_cmd(
     policy: Path = typer.Option(..., "--policy", help="policy checkpoint directory"),
-    benchmarks: str = typer.Option(DEFAULT_BENCHMARKS, help="comma-separated task sources"),
+    benchmarks: str = typer.Option(None, help=f"comma-separated task sources (default: {DEFAULT_BENCHMARKS})"),
+    tasks: Path | None = typer.Option(None, "--tasks", help="a task file (docs/tasks.md) to evaluate whole, "
+                                      "one benchmark per source name"),
     turns: int | None = typer.Option(None, min=1, help="turns per episode (default: episode.max_turns)"),
     samples: int = typer.Option(1, min=1, help="episodes per task (n of pass@k)"),
     k: str | None = typer.Option(None, help="comma-separated k values (default: 1, 5, 10, 100 up to n)"),
@@ -104,12 +109,15 @@ def eval_cmd(
     overrides: list[str] = SetOpt,
 ) -> None:
     """Benchmark pass@1 / pass@k with multi-turn self-repair episodes in the sandbox."""
-    from pipeline.evaluation import default_ks, parse_benchmarks
+    from pipeline.evaluation import default_ks, file_benchmarks, parse_benchmarks
     from pipeline.policy.loading import check_checkpoint
 
-    cfg = load_or_exit(config, overrides)
+    if benchmarks and tasks:
+        raise UserError("give --benchmarks or --tasks, not both")
+    cfg = load_or_exit(config, overrides)  # tasks.train stays the config's: the pool the policy trained on
     try:
-        names = parse_benchmarks(benchmarks)
+        # a task file is evaluated whole, one benchmark per source name it holds
+        names = file_benchmarks(tasks) if tasks else parse_benchmarks(benchmarks or DEFAULT_BENCHMARKS)
         ks = sorted({int(x) for x in k.split(",") if x.strip()}) if k else list(default_ks(samples))
     except ValueError as e:
         raise UserError(str(e)) from None

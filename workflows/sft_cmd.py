@@ -17,7 +17,7 @@ from typing import Annotated
 import typer
 
 from workflows.errors import UserError
-from workflows.options import ConfigOpt, SetOpt, load_or_exit
+from workflows.options import ConfigOpt, SetOpt, TasksOpt, load_or_exit
 
 
 def sft(
@@ -25,6 +25,7 @@ def sft(
     out: Annotated[Path, typer.Option("--out", help="folder of the fine-tuned checkpoint (new or empty)")],
     config: Path | None = ConfigOpt,
     overrides: list[str] = SetOpt,
+    tasks: Path | None = TasksOpt,
     threads: Annotated[int, typer.Option("--threads", min=1, help="torch CPU threads")] = 1,
     evaluate: Annotated[bool, typer.Option("--eval/--no-eval", help="measure the valid-action rate")] = True,
 ) -> None:
@@ -38,7 +39,7 @@ def sft(
     from pipeline.telemetry import configure
     from training.sft import run_cold_start
 
-    cfg = load_or_exit(config, overrides)
+    cfg = load_or_exit(config, overrides, tasks)
     configure(cfg.logging.level)
     torch.set_num_threads(threads)
     try:

@@ -1,7 +1,8 @@
 """`didpo tasks`: look at the task sources.
 
-didpo tasks list [--source S] [--path P] [--split X] [--limit N]   one row per task, then the count
-didpo tasks show TASK_ID [--path P]                                instructions, workspace, tests
+didpo tasks list [--source S [--path P] | --tasks F] [--split X] [--limit N]   one row per task, then the count
+didpo tasks show TASK_ID [--path P | --tasks F]                    instructions, workspace, tests
+didpo tasks export --source S [--split X] --out F                  any source as a task file (docs/tasks.md)
 didpo tasks make-repair --from S --out F [--bugs 1-3 --families .. --n N --seed S]   mint repair tasks
 """
 
@@ -24,6 +25,7 @@ tasks_app = typer.Typer(
 
 SourceOpt = typer.Option(None, "--source", "-s", help=f"one of: {', '.join(SOURCES)} (default: all)")
 PathOpt = typer.Option(None, "--path", "-p", help="a task file of that source's format (default: bundled)")
+TaskFileOpt = typer.Option(None, "--tasks", help="a task file of our own format (docs/tasks.md)")
 
 
 def _console() -> Console:
@@ -46,12 +48,17 @@ def _load(source: str, path: Path | None, **filters) -> list[Task]:
 def list_tasks(
     source: str | None = SourceOpt,
     path: Path | None = PathOpt,
+    task_file: Path | None = TaskFileOpt,
     split: str | None = typer.Option(None, "--split", help="train, validation or test"),
     limit: int | None = typer.Option(None, "--limit", "-n", min=1, help="first N tasks of each source"),
 ) -> None:
     """One row per task: id, source, split, visible / hidden cases; then the number of tasks."""
     if path is not None and source is None:
         raise _fail("--path needs --source (which format the file is in)")
+    if task_file is not None and (source or path):
+        raise _fail("give --tasks, or --source with --path, not both")
+    if task_file is not None:
+        source, path = "file", task_file
     sources = [source] if source is not None else list(BUNDLED_FILES)
     tasks = [t for s in sources for t in _load(s, path, split=split, limit=limit)]
     table = Table("task_id", "source", "split", "visible", "hidden", title="tasks")
@@ -73,13 +80,20 @@ def _suite_summary(name: str, suite: TestSuite) -> str:
 
 @tasks_app.command("show")
 def show_task(
-    task_id: str = typer.Argument(..., help="e.g. humanevalfix/Python/0"), path: Path | None = PathOpt
+    task_id: str = typer.Argument(..., help="e.g. humanevalfix/Python/0"), path: Path | None = PathOpt,
+    task_file: Path | None = TaskFileOpt,
 ) -> None:
     """Instructions, workspace files and a summary of the visible and hidden tests of one task."""
-    source = task_id.split("/", 1)[0]
-    if source not in SOURCES or "/" not in task_id:
-        raise _fail(f"task id {task_id!r} must start with a source name and '/': {', '.join(SOURCES)}")
-    (task,) = _load(source, path, ids=[task_id])
+    if task_file is not None:
+        if path is not None:
+            raise _fail("give --tasks or --path, not both")
+        (task,) = _load("file", task_file, ids=[task_id])
+    else:
+        source = task_id.split("/", 1)[0]
+        if source not in SOURCES or "/" not in task_id:
+            raise _fail(f"task id {task_id!r} must start with a source name and '/': {', '.join(SOURCES)} "
+                        "(a task of a task file: --tasks FILE)")
+        (task,) = _load(source, path, ids=[task_id])
     console = _console()
     console.rule(f"{task.task_id}  ({task.source}, {task.split})")
     console.print(task.instructions, markup=False, highlight=False)
@@ -93,6 +107,21 @@ def show_task(
     console.print("meta: " + ", ".join(f"{k}={v}" for k, v in extras.items()), markup=False, highlight=False)
 
 
+@tasks_app.command("export")
+def export(
+    source: str = typer.Option(..., "--source", "-s", help=f"one of: {', '.join(SOURCES)}"),
+    out: Path = typer.Option(..., "--out", "-o", help="the task file to write (JSON Lines, docs/tasks.md)"),
+    path: Path | None = PathOpt,
+    split: str | None = typer.Option(None, "--split", help="train, validation or test"),
+    limit: int | None = typer.Option(None, "--limit", "-n", min=1, help="first N tasks"),
+) -> None:
+    """Write tasks of any source in our own task file format (a starting point for a task set of your own)."""
+    from pipeline.tasks.taskfile import write_task_file
+
+    n = write_task_file(_load(source, path, split=split, limit=limit), out)
+    typer.echo(f"wrote {n} tasks to {out}")
+
+
 def _bug_range(text: str) -> tuple[int, int]:
     lo, _, hi = text.partition("-")
     try:
@@ -103,7 +132,7 @@ def _bug_range(text: str) -> tuple[int, int]:
 
 @tasks_app.command("make-repair")
 def make_repair(
-    source: str = typer.Option(..., "--from", help=f"the source to mint from: {', '.join(BUNDLED_FILES)}"),
+    source: str = typer.Option(..., "--from", help=f"the source to mint from: {', '.join(BUNDLED_FILES)}, or file (--path: a task file)"),
     out: Path = typer.Option(..., "--out", "-o", help="the repair task file to write (JSON Lines)"),
     path: Path | None = PathOpt,
     split: str | None = typer.Option(None, "--split", help="draw only from this split of the source"),
@@ -153,7 +182,8 @@ def make_repair(
         try:
             recipes = make_repair_tasks(tasks, fails, n=n, bugs=(lo, hi), families=chosen, seed=seed,
                                         split_by=split_by, test_fraction=test_fraction,
-                                        source_path=str(path) if path else None, on_progress=progress)
+                                        source_path=str(path) if path else None, loader=source,
+                                        on_progress=progress)
         except (ValueError, RuntimeError) as exc:
             raise _fail(str(exc)) from None
     write_recipes(recipes, out)

@@ -393,7 +393,9 @@ def _entry_point(job: dict, peer: _rpc.Peer):
 def run_tester(job: dict, peer: _rpc.Peer, result_w: int) -> None:
     """T for check suites: each test file defines check(candidate); its asserting statements are the cases
     (a file without any is one case). The candidate's functions are proxies into U."""
-    peer.plain_results = True  # HumanEval-style functions return plain data; a candidate object is a failure
+    # HumanEval-style functions return plain data, a candidate object is a failure; unless the suite says
+    # its function returns objects (a generator, a node), which the test then uses through handles as pytest does
+    peer.plain_results = not job.get("objects", False)
     entry, import_error = _entry_point(job, peer)
     results = []
     for path, source in job["tests"]:
@@ -466,17 +468,25 @@ def run_pytest(job: dict, peer: _rpc.Peer, result_w: int) -> None:
     _rpc.install_remote_modules(peer, [m for m in candidate_modules(job["files"]) if m not in test_modules])
     outcomes: dict[str, str] = {}
 
+    def failure(report) -> str:
+        # the line pytest's summary shows ("AssertionError: assert '110' == '011'"): the case's feedback
+        crash = getattr(report.longrepr, "reprcrash", None)
+        text = crash.message if crash is not None else str(report.longrepr or "").strip().splitlines()[-1:]
+        text = text if isinstance(text, str) else "".join(text)
+        where = "" if report.when in ("call", None) else f"in {report.when}: "
+        return f"failed: {where}{text}"[:400]
+
     class Recorder:
         def pytest_runtest_logreport(self, report):
             prev = outcomes.get(report.nodeid, "passed")
             if report.failed:
-                outcomes[report.nodeid] = "failed"
-            elif report.when == "call" and prev != "failed":
+                outcomes[report.nodeid] = failure(report)
+            elif report.when == "call" and not prev.startswith("failed"):
                 outcomes[report.nodeid] = "skipped" if report.skipped else "passed"
 
         def pytest_collectreport(self, report):
             if report.failed:
-                outcomes[report.nodeid or "<collection>"] = "failed"
+                outcomes[report.nodeid or "<collection>"] = failure(report)
 
     sys.path.insert(0, os.getcwd())
     args = [*sorted(job["test_paths"]), "-q", "-p", "no:cacheprovider", "--noconftest", "-c", "/dev/null",

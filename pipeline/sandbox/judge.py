@@ -177,7 +177,7 @@ class Judge:
                 raise ValueError(f"test file {path}: cannot parse: {exc}") from exc
         module, entry_point = _module_of(suite, files), suite.entry_point or "candidate"
         job = {"kind": "check", "files": files, "tests": [[p, s] for p, s in suite.files.items()],
-               "module": module, "entry_point": entry_point}
+               "module": module, "entry_point": entry_point, "objects": suite.objects}
         if given:
             job["given"] = given
         return self._interpret_check(self._execute(job, timeout), total)
@@ -302,7 +302,7 @@ class Judge:
             why = "output limit exceeded" if report["output_exceeded"] else "the pytest harness did not complete"
             return ExecResult(status="crashed", passed=0, detail=why, **base)
         outcomes = {k: v for k, v in (done[0].get("outcomes") or {}).items() if v != "skipped"}  # skips: no case
-        cases = tuple(CaseResult(str(k), v == "passed", "" if v == "passed" else str(v))
+        cases = tuple(CaseResult(str(k), v == "passed", "" if v == "passed" else str(v).removeprefix("failed: "))
                       for k, v in sorted(outcomes.items()))
         n = max(len(cases), 1)
         passed = sum(c.passed for c in cases)

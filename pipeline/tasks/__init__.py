@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import MappingProxyType
@@ -23,6 +25,7 @@ from pipeline.tasks.humaneval import load_humaneval, load_humanevalfix
 from pipeline.tasks.mbpp import load_mbpp
 from pipeline.tasks.records import TaskFormatError
 from pipeline.tasks.repair import load_repair
+from pipeline.tasks.taskfile import load_task_file
 
 __all__ = [
     "BUNDLED_DIR",
@@ -32,9 +35,12 @@ __all__ = [
     "TaskFormatError",
     "TestSuite",
     "check_disjoint",
+    "content_key",
     "count_cases",
     "load_bundled",
     "load_source",
+    "native_id",
+    "overlap_keys",
     "problem_key",
 ]
 
@@ -50,6 +56,8 @@ SOURCES: Mapping[str, Loader] = MappingProxyType(
         "exercism": load_exercism,
         # minted by `didpo tasks make-repair` from the others (no bundled file); rebuilt through this registry
         "repair": lambda path: load_repair(path, load_source),
+        # DiDPO's own format (docs/tasks.md): a user's tasks under the user's source names
+        "file": load_task_file,
     }
 )
 
@@ -97,7 +105,7 @@ def load_source(
         raise ValueError(f"limit must be >= 1 (or None for all), got {limit}")
     if path is None and source not in BUNDLED_FILES:
         raise ValueError(f"source {source!r} has no bundled file: give the path of one "
-                         "(`didpo tasks make-repair` writes repair task files)")
+                         "(`didpo tasks make-repair` writes repair task files, docs/tasks.md explains task files)")
     file = BUNDLED_DIR / BUNDLED_FILES[source] if path is None else Path(path)
     if not file.is_file():
         raise FileNotFoundError(f"task file for source {source!r} not found: {file}")
@@ -105,11 +113,15 @@ def load_source(
     if split is not None:
         tasks = [t for t in tasks if t.split == split]
     if ids is not None:
-        wanted = {i if i.startswith(f"{source}/") else f"{source}/{i}" for i in ids}
-        missing = wanted - {t.task_id for t in tasks}
+        by_id = {name: t.task_id for t in tasks for name in (t.task_id, native_id(t))}
+        missing = [i for i in ids if i not in by_id]
         if missing:
             where = f" with split {split!r}" if split else ""
-            raise ValueError(f"{file}: no {source} task{where} with id {', '.join(sorted(missing))}")
+            if source == "file":
+                raise ValueError(f"{file}: no task{where} with id {', '.join(sorted(missing))}")
+            named = sorted(i if i.startswith(f"{source}/") else f"{source}/{i}" for i in missing)
+            raise ValueError(f"{file}: no {source} task{where} with id {', '.join(named)}")
+        wanted = {by_id[i] for i in ids}
         tasks = [t for t in tasks if t.task_id in wanted]
     return tasks[:limit] if limit is not None else tasks
 
@@ -119,20 +131,45 @@ def load_bundled() -> list[Task]:
     return [task for source in SOURCES if source in BUNDLED_FILES for task in load_source(source)]
 
 
+def native_id(task: Task) -> str:
+    """The task's id within its source ("MBPP/12" of "mbpp/MBPP/12")."""
+    prefix = f"{task.source}/"
+    return task.task_id[len(prefix):] if task.task_id.startswith(prefix) else task.task_id
+
+
 def problem_key(task: Task) -> str:
     """The cross-source problem a task poses (`meta["problem"]`; the task_id for tasks without one)."""
     return str(task.meta.get("problem", task.task_id))
 
 
+def content_key(task: Task) -> str:
+    """A hash of what a task is: its reference and its hidden tests, whitespace at line ends ignored. Two
+    tasks with one content pose one problem whatever their ids and sources say (a copied task set)."""
+    def norm(text: str) -> str:
+        return "\n".join(line.rstrip() for line in text.strip().splitlines())
+
+    suite = task.hidden_tests
+    body = [sorted((p, norm(t)) for p, t in task.reference.items()), suite.kind,
+            sorted((p, norm(t)) for p, t in suite.files.items()), suite.entry_point, suite.inputs]
+    return hashlib.sha256(json.dumps(body, default=repr).encode()).hexdigest()[:16]
+
+
+def overlap_keys(task: Task) -> tuple[str, str]:
+    """The keys under which two tasks count as one problem: the named problem, and the content."""
+    return problem_key(task), f"content {content_key(task)}"
+
+
 def check_disjoint(train: Iterable[Task], evaluation: Iterable[Task], *, show: int = 10) -> None:
-    """Raise ValueError naming the shared problems if a training task poses an evaluation problem."""
+    """Raise ValueError naming the shared problems if a training task poses an evaluation problem: the same
+    `problem_key`, or the same content (`content_key`) under different names."""
     train_by_problem: dict[str, list[str]] = {}
     for task in train:
-        train_by_problem.setdefault(problem_key(task), []).append(task.task_id)
+        for key in overlap_keys(task):
+            train_by_problem.setdefault(key, []).append(task.task_id)
     shared: dict[str, list[str]] = {}
     for task in evaluation:
-        key = problem_key(task)
-        if key in train_by_problem:
+        key = next((k for k in overlap_keys(task) if k in train_by_problem), None)
+        if key is not None:
             shared.setdefault(key, []).append(task.task_id)
     if not shared:
         return

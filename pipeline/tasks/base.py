@@ -69,6 +69,7 @@ class TestSuite:
     kind:
       - "check":  `files` hold Python that defines `check(candidate)` (HumanEval style asserts); the harness
                   imports `module`, takes `entry_point` from it and calls `check(entry_point)` per assert.
+                  What the candidate returns must be plain data unless `objects` (a generator, a node).
       - "pytest": `files` are pytest test modules placed beside the workspace (Exercism).
       - "io":     `inputs` are argument lists (plain JSON data); the harness calls `entry_point(*args)` in the
                   sandbox and the outputs are compared outside it with the reference's outputs (tolerance `atol`).
@@ -82,6 +83,7 @@ class TestSuite:
     module: str | None = None  # workspace module that defines entry_point, e.g. "solution"
     inputs: tuple[Any, ...] = ()  # "io": one argument list per case
     atol: float = 0.0  # "io": absolute tolerance for float outputs
+    objects: bool = False  # "check": the candidate may return objects (used through handles, as pytest does)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "files", frozen(self.files))
@@ -98,7 +100,7 @@ class Task:
     """One coding task, whatever its source format."""
 
     task_id: str  # globally unique, "<source>/<native id>", e.g. "humanevalfix/Python/0"
-    source: str  # loader name: humaneval, humanevalplus, mbpp, mbppplus, humanevalfix, exercism
+    source: str  # the task set's name: a bundled source (humaneval, mbpp, ...) or a task file's own
     split: Split  # train / validation / test; training and evaluation ids never mix
     instructions: str  # natural-language statement shown to the agent
     workspace: FrozenMap  # path -> text: the files the agent starts from (stub or buggy code)

@@ -312,12 +312,13 @@ Verdict = Callable[[Task, dict], bool]  # (task, workspace) -> the visible tests
 
 def make_repair_tasks(tasks: Sequence[Task], fails: Verdict, *, n: int, bugs: tuple[int, int] = (1, 3),
                       families: Sequence[str] = FAMILIES, seed: int = 0, split_by: SplitBy = "program",
-                      test_fraction: float = 0.2, source_path: str | None = None,
+                      test_fraction: float = 0.2, source_path: str | None = None, loader: str | None = None,
                       max_attempts: int | None = None, on_progress: Callable[[int, int], None] | None = None
                       ) -> list[RepairRecipe]:
     """Up to `n` verified repair recipes from `tasks` (each needs a reference with one main Python file),
     deterministic for a given seed and verdict. `fails(task, workspace)` runs the visible tests (the CLI: in
     the sandbox) and says whether they fail; a bug set is kept when each bug alone fails and so does the set.
+    `loader` and `source_path` say how to load the tasks again (default: each task's own source, bundled).
     Fewer than `n` come back when `max_attempts` (default 50 n) draws cannot find more."""
     lo, hi = bugs
     if not 1 <= lo <= hi:
@@ -369,7 +370,7 @@ def make_repair_tasks(tasks: Sequence[Task], fails: Verdict, *, n: int, bugs: tu
         if ok:
             problem = str(task.meta.get("problem", task.task_id))
             split = problem_split(problem if split_by == "program" else task_id, test_fraction)
-            out.append(RepairRecipe(task_id, split, task.source, source_path, task.task_id, path, picked,
+            out.append(RepairRecipe(task_id, split, loader or task.source, source_path, task.task_id, path, picked,
                                     split_by, seed))
             if on_progress is not None:
                 on_progress(len(out), attempts)

@@ -7,6 +7,7 @@
       eval:
         - {source: humanevalfix}
         - {source: mbppplus, split: test, path: /data/MbppPlus.jsonl.gz}
+        - {file: my_tasks.jsonl, split: test}      # a task file of our own format (docs/tasks.md)
 
 `resolve_tasks(settings)` loads both sides and refuses a training pool that shares a problem with the
 evaluation set (`check_disjoint`), so evaluation ids never leak into training.
@@ -24,9 +25,19 @@ from pipeline.tasks.base import Split
 
 
 class TaskSourceSpec(BaseModel):
-    """One source's contribution: a file (None = the bundled one), filtered by split, ids, then limit."""
+    """One source's contribution: a file (None = the bundled one), filtered by split, ids, then limit.
+    `{file: F}` is short for `{source: file, path: F}`, a task file of our own format."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _file_shorthand(cls, data: object) -> object:
+        if isinstance(data, dict) and "file" in data:
+            if "source" in data or "path" in data:
+                raise ValueError("give `file: F` alone, or `source` with `path`, not both")
+            data = {k: v for k, v in data.items() if k != "file"} | {"source": "file", "path": data["file"]}
+        return data
 
     source: str  # a name in pipeline.tasks.SOURCES
     path: Path | None = None  # a file of the source's format (relative: to the working dir); None = bundled
@@ -53,8 +64,18 @@ class TaskSourceSpec(BaseModel):
             raise ValueError(f"ids lists {', '.join(repeated)} more than once")
         return ids
 
+    @model_validator(mode="after")
+    def _file_needs_path(self) -> TaskSourceSpec:
+        if self.source == "file" and self.path is None:
+            raise ValueError("source file needs path (a task file, docs/tasks.md)")
+        return self
+
     def load(self) -> list[Task]:
-        return load_source(self.source, self.path, split=self.split, limit=self.limit, ids=self.ids)
+        """The selected tasks; ValueError when a split selects none (a side that would silently be empty)."""
+        tasks = load_source(self.source, self.path, split=self.split, limit=self.limit, ids=self.ids)
+        if not tasks:
+            raise ValueError(f"{self.path or self.source}: no task with split {self.split!r}")
+        return tasks
 
 
 def _default_train() -> tuple[TaskSourceSpec, ...]:

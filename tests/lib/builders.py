@@ -42,7 +42,7 @@ def step_row(
     log-probabilities are -1.0, and the step is a successful edit with no files, reward 0, not done; `fields`
     replace any other column (round, action_kind, action_status, action_json, files_before, files_after,
     workspace_hash_before, workspace_hash_after, exec_status, visible_passed, visible_total, step_reward,
-    return_to_go, done).
+    return_to_go, done, failing_cases).
     """
     n = len(response_token_ids)
     row = dict(
@@ -70,6 +70,7 @@ def step_row(
         step_reward=0.0,
         return_to_go=0.0,
         done=False,
+        failing_cases=[],
     )
     unknown = set(fields) - set(row)
     if unknown:

@@ -72,6 +72,21 @@ def test_newer_schema_version_refused(tmp_path):
         schema.read_table(path, "steps")
 
 
+def test_a_version_1_steps_table_reads_with_its_later_column_empty(tmp_path):
+    cases = [{"case": "tests.py:3: assert f(2) == 4", "detail": "AssertionError: assert 5 == 4"}]
+    table = schema.to_arrow("steps", [_step(failing_cases=cases)])
+    assert schema.conform("steps", table).column("failing_cases").to_pylist() == [cases]
+    old = table.drop_columns(["failing_cases"])
+    meta = dict(table.schema.metadata) | {b"didpo.schema_version": b"1"}
+    path = tmp_path / "steps.parquet"
+    pq.write_table(old.replace_schema_metadata(meta), path)
+    assert schema.read_table(path, "steps").column("failing_cases").to_pylist() == [[]]
+    # a current-version file without the column is broken, not old
+    pq.write_table(old.replace_schema_metadata(table.schema.metadata), path)
+    with pytest.raises(SchemaError, match="missing column 'failing_cases'"):
+        schema.read_table(path, "steps")
+
+
 def test_table_of_another_kind_refused(tmp_path):
     schema.write_table([_step()], tmp_path / "x", "steps")
     with pytest.raises(SchemaError, match="holds table 'steps'"):

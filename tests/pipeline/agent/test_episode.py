@@ -65,6 +65,16 @@ def test_turn_limit_runs_hidden_tests_and_prompt_shows_history():
     assert last.step_reward == pytest.approx(-0.1)
 
 
+def test_the_steps_table_keeps_each_failing_case_and_why():
+    from pipeline.rollout import failing_cases
+
+    ep = Episode(_task(), CountingExecutor(), EpisodeSettings(max_turns=3))
+    looked = ep.step("<think>look</think><run_tests/>")
+    assert failing_cases(looked) == [{"case": f"case {i}", "detail": "AssertionError"} for i in (1, 2, 3)]
+    assert failing_cases(ep.step(FIX)) == []  # every case passes
+    assert failing_cases(ep.step("<edit path='solution.py'>")) == []  # nothing ran
+
+
 def test_long_files_are_elided_with_markers_around_the_change():
     long = "".join(f"x{i} = {i}\n" for i in range(400)) + BUGGY
     task = Task("handmade/long", "handmade", "test", "Fix add.", {"solution.py": long}, _task().visible_tests,

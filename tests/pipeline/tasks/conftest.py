@@ -44,7 +44,7 @@ def humaneval_row(number: int = 0, **changes) -> dict:
     row = {
         "task_id": f"HumanEval/{number}",
         "prompt": 'def add(a, b):\n    """Return a + b.\n    >>> add(1, 2)\n    3\n    """\n',
-        "canonical_solution": "    return a + b\n",
+        "canonical_solution": f"    return a + b  # solution {number}\n",  # distinct content per problem
         "test": (
             "\n\nMETADATA = {}\n\n\ndef check(candidate):\n"
             "    assert candidate(1, 2) == 3\n    assert candidate(0, 0) == 0\n"

@@ -18,7 +18,7 @@ def make_task(task_id: str, problem: str | None, split: str = "train") -> Task:
         workspace={"a.py": "x = 1\n"},
         visible_tests=suite,
         hidden_tests=suite,
-        reference={"a.py": "x = 2\n"},
+        reference={"a.py": f"x = 2  # {problem or task_id}\n"},  # one content per problem
         meta=meta,
     )
 
@@ -28,9 +28,10 @@ def five(tmp_path, jsonl, he_row):
     return jsonl(tmp_path / "he.jsonl", [he_row(n) for n in range(5)])
 
 
-def test_sources_are_the_documented_names_and_all_but_repair_are_bundled():
-    assert list(SOURCES) == ["humaneval", "humanevalplus", "mbpp", "mbppplus", "humanevalfix", "exercism", "repair"]
-    assert list(BUNDLED_FILES) == list(SOURCES)[:-1]
+def test_sources_are_the_documented_names_and_all_but_repair_and_file_are_bundled():
+    assert list(SOURCES) == ["humaneval", "humanevalplus", "mbpp", "mbppplus", "humanevalfix", "exercism", "repair",
+                             "file"]
+    assert list(BUNDLED_FILES) == list(SOURCES)[:-2]
 
 
 def test_limit_keeps_the_first_tasks_in_file_order(five):
