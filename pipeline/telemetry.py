@@ -43,6 +43,13 @@ class _DropPrefetchTasks(logging.Filter):
         return "PrefetchProducer" not in record.getMessage()
 
 
+class _ErrorsOnly(logging.Filter):
+    """For a library that resets its logger's level when imported (DeepSpeed): a filter stays."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.ERROR
+
+
 def quiet_third_parties() -> None:
     """Third-party import and load noise off (the CLI's default; `didpo --verbose` keeps it): the pynvml
     deprecation warning torch prints, Beam's notes that the GCS filesystem or apitools is missing, DeepSpeed's
@@ -52,7 +59,7 @@ def quiet_third_parties() -> None:
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # transformers' bars follow huggingface_hub's
     warnings.filterwarnings("ignore", message=_NOISE[0])
     logging.getLogger().addFilter(_DropNoise())  # Beam logs through the root logger at import
-    logging.getLogger("DeepSpeed").setLevel(logging.ERROR)
+    logging.getLogger("DeepSpeed").addFilter(_ErrorsOnly())  # its accelerator guess, at import
     logging.getLogger("asyncio").addFilter(_DropPrefetchTasks())
 
 
