@@ -24,6 +24,10 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	@command -v bwrap >/dev/null || { echo "installing bubblewrap (sandbox)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null; }
+	# headless Chromium runs the `didpo explore` page's JS in its tests; without it they skip, setup goes on
+	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || { echo "installing chromium (explore page tests)"; \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
+	  echo "WARNING: chromium could not be installed: the browser tests of tests/workflows/test_explore.py will SKIP"; }
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	# torch first and on its own: the CPU wheel; a plain requirement would pull a CUDA build

@@ -153,7 +153,8 @@ def build_rollout_pipeline(options: PipelineOptions, cfg: PipelineConfig, tasks:
         | "Rollouts" >> Rollouts(
             handler=handler, checkpoint=str(checkpoint), policy_version=version, run_id=cfg.run.run_id,
             round_k=round_k, samples=cfg.pipeline.samples_per_task, root_seed=cfg.run.seed,
-            gamma=cfg.credit.gamma, episode=cfg.episode, sandbox=cfg.sandbox)
+            gamma=cfg.credit.gamma, episode=cfg.episode, sandbox=cfg.sandbox,
+            trajectories=len(tasks) * cfg.pipeline.samples_per_task)
     )
     n = cfg.pipeline.num_shards
     written = (

@@ -139,7 +139,8 @@ class SubdiffRow:
 
 @dataclass(frozen=True)
 class AnchorRow:
-    anchor_id: str = col(_STR, "content hash of the anchor's member set")
+    anchor_id: str = col(_STR, "content hash of the anchor's task, edit type and representative text (the same "
+                                 "anchor in another round keeps its id)")
     task_id: str = col(_STR, "task group")
     edit_type: str = col(_STR, "'add' or 'del'")
     n_rows: int = col(_I32, "distinct step rows among the members")

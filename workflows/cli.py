@@ -13,6 +13,7 @@
     didpo compare                                  estimator arms x seeds on the demo's rounds
     didpo eval                                     pass@k on benchmarks, multi-turn, in the sandbox
     didpo report                                   an offline HTML report of a run
+    didpo explore                                  an interactive credit-unit explorer page of a run
     didpo online                                   online RL on GPUs (OpenRLHF Ray PPO + vLLM)
     didpo demo                                     the main job on embedded defaults
 """
@@ -29,6 +30,7 @@ from workflows.credit_cmd import credit
 from workflows.env_cmd import episode_cmd, exec_cmd
 from workflows.errors import DidpoGroup, UserError
 from workflows.eval_cmd import eval_cmd
+from workflows.explore import explore_cmd
 from workflows.model_cmd import model_app
 from workflows.options import ConfigOpt, SetOpt, TasksOpt, load_or_exit, tasks_overrides
 from workflows.pipeline_cmd import pipeline_app
@@ -52,6 +54,7 @@ app.command("sft")(sft)
 app.command("train")(train_cmd)
 app.command("eval")(eval_cmd)
 app.command("report")(report_cmd)
+app.command("explore")(explore_cmd)
 app.add_typer(pipeline_app, name="pipeline")
 
 

@@ -326,7 +326,7 @@ class Explored:
     outcome: float
     episode_advantage: float
     html: str  # the coloured response
-    anchors: list[dict[str, Any]]  # anchor fields + "members": [{row_id, outcome, return_to_go, diff_advantage}]
+    anchors: list[dict[str, Any]]  # anchor fields + "members": its `anchor_members` rows
 
 
 def choose_steps(rnd: RoundData, wanted: Sequence[str], count: int) -> list[str]:
@@ -342,32 +342,46 @@ def choose_steps(rnd: RoundData, wanted: Sequence[str], count: int) -> list[str]
     return [a["row_id"] for a in ranked[:count]]
 
 
+def anchor_members(rnd: RoundData) -> dict[str, list[dict[str, Any]]]:
+    """Per anchor id, its member occurrences joined to their step and trajectory, sorted by row_id: row_id,
+    subdiff_id, traj_id, sample_index, turn, outcome, episode_return, return_to_go, diff_advantage (NaN
+    where the step or trajectory is absent). The one join of anchor_members the report and `didpo explore`
+    share."""
+    steps = {s["row_id"]: s for s in rnd.rows("steps")}
+    trajs = {t["traj_id"]: t for t in rnd.rows("trajectories")}
+    out: dict[str, list[dict[str, Any]]] = {}
+    for m in sorted(rnd.rows("anchor_members"), key=lambda m: (m["row_id"], m["subdiff_id"])):
+        step = steps.get(m["row_id"], {})
+        traj = trajs.get(step.get("traj_id"), {})
+        out.setdefault(m["anchor_id"], []).append({
+            "row_id": m["row_id"], "subdiff_id": m["subdiff_id"], "traj_id": step.get("traj_id"),
+            "sample_index": traj.get("sample_index"), "turn": step.get("turn"),
+            "outcome": traj.get("outcome", math.nan), "episode_return": traj.get("episode_return", math.nan),
+            "return_to_go": step.get("return_to_go", math.nan), "diff_advantage": m["diff_advantage"]})
+    return out
+
+
+def colour_scale(token_advantages: Sequence[Sequence[float]]) -> float:
+    """Full colour at the largest |token advantage| among the shown rows: one scale, comparable colours."""
+    return max((abs(v) for values in token_advantages for v in values), default=0.0)
+
+
 def explore(rnd: RoundData, row_ids: Sequence[str]) -> list[Explored]:
     steps = {s["row_id"]: s for s in rnd.rows("steps")}
     adv = {a["row_id"]: a for a in rnd.rows("advantages")}
     outcome = {t["traj_id"]: t["outcome"] for t in rnd.rows("trajectories")}
     anchors = {a["anchor_id"]: a for a in rnd.rows("anchors")}
-    members: dict[str, list[dict]] = {}
-    for m in rnd.rows("anchor_members"):
-        members.setdefault(m["anchor_id"], []).append(m)
+    members = anchor_members(rnd)
     of_row: dict[str, list[str]] = {}
     for anchor_id, ms in members.items():
         for m in ms:
             of_row.setdefault(m["row_id"], []).append(anchor_id)
-    values = [v for r in row_ids for v in adv[r]["token_advantages"]]
-    scale = max((abs(v) for v in values), default=0.0)
+    scale = colour_scale([adv[r]["token_advantages"] for r in row_ids])
     out = []
     for r in row_ids:
         s, a = steps[r], adv[r]
-        listed = []
-        for anchor_id in sorted(set(of_row.get(r, [])), key=lambda i: -anchors[i]["gs"]):
-            ms = []
-            for m in sorted(members[anchor_id], key=lambda m: m["row_id"]):
-                step = steps.get(m["row_id"], {})
-                ms.append({"row_id": m["row_id"], "outcome": outcome.get(step.get("traj_id"), math.nan),
-                           "return_to_go": step.get("return_to_go", math.nan),
-                           "diff_advantage": m["diff_advantage"]})
-            listed.append({**anchors[anchor_id], "members": ms})
+        listed = [{**anchors[anchor_id], "members": members[anchor_id]}
+                  for anchor_id in sorted(set(of_row.get(r, [])), key=lambda i: -anchors[i]["gs"])]
         out.append(Explored(r, s["task_id"], s["turn"], outcome.get(s["traj_id"], math.nan),
                             a["episode_advantage"], coloured_response(
                                 s["response_text"], s["token_char_starts"], s["token_char_ends"],

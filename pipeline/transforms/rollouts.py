@@ -45,6 +45,21 @@ class _Judge:
         self.judge = Judge(self.pool)
 
 
+class _Progress:
+    """A per-process bar of finished trajectories, shared by every turn's Execute DoFn. In a local runner it is
+    the run's bar; a distributed worker's counts only its own share (its logs, not the console)."""
+
+    def __init__(self, total: int | None) -> None:
+        from pipeline.telemetry import progress_bar
+
+        self.bar = progress_bar("trajectories", total, unit="traj")
+
+    def done(self) -> None:
+        self.bar.update(1)
+        if self.bar.total is not None and self.bar.n >= self.bar.total:
+            self.bar.close()
+
+
 class PromptFn(beam.DoFn):
     def __init__(self, checkpoint: str, settings: EpisodeSettings) -> None:
         self.checkpoint, self.settings = checkpoint, settings
@@ -59,13 +74,21 @@ class PromptFn(beam.DoFn):
 
 
 class ExecuteFn(beam.DoFn):
-    def __init__(self, sandbox: SandboxSettings, settings: EpisodeSettings, judge_handle: shared.Shared) -> None:
+    def __init__(self, sandbox: SandboxSettings, settings: EpisodeSettings, judge_handle: shared.Shared,
+                 progress_handle: shared.Shared | None = None, total: int | None = None) -> None:
         self.sandbox, self.settings, self.judge_handle = sandbox, settings, judge_handle
+        self.progress_handle, self.total = progress_handle, total
         self.steps = Metrics.counter(_NS, "steps")
         self.dead = Metrics.counter(_NS, "dead_letter")
 
     def setup(self) -> None:
         self._holder = self.judge_handle.acquire(lambda: _Judge(self.sandbox), tag=self.sandbox.model_dump_json())
+        self._progress = (self.progress_handle.acquire(lambda: _Progress(self.total), tag=f"trajectories/{self.total}")
+                          if self.progress_handle is not None else None)
+
+    def _finished(self) -> None:
+        if self._progress is not None:
+            self._progress.done()
 
     def process(self, element: tuple[Rollout, Any]):
         rollout, result = element
@@ -73,6 +96,7 @@ class ExecuteFn(beam.DoFn):
             rollout = advance(rollout, result, self._holder.judge, self.settings)
         except InfraFailure as failure:
             self.dead.inc()
+            self._finished()
             yield beam.pvalue.TaggedOutput(DEAD, dead_letter(failure))
             return
         last = rollout.steps[-1]
@@ -80,6 +104,7 @@ class ExecuteFn(beam.DoFn):
         Metrics.counter(_NS, f"exec_{last.exec_status}").inc()
         Metrics.counter(_NS, f"action_{last.action_kind}").inc()
         if rollout.done:
+            self._finished()
             yield beam.pvalue.TaggedOutput(DONE, rollout)
         else:
             yield rollout
@@ -89,17 +114,20 @@ class RolloutTurn(beam.PTransform):
     """One turn for every active rollout: Prompt -> Generate -> Execute; outputs active, done, dead_letter."""
 
     def __init__(self, handler: Any, checkpoint: str, episode: EpisodeSettings, sandbox: SandboxSettings,
-                 judge_handle: shared.Shared) -> None:
+                 judge_handle: shared.Shared, progress_handle: shared.Shared | None = None,
+                 total: int | None = None) -> None:
         super().__init__()
         self.handler, self.checkpoint = handler, checkpoint
         self.episode, self.sandbox, self.judge_handle = episode, sandbox, judge_handle
+        self.progress_handle, self.total = progress_handle, total
 
     def expand(self, active: beam.PCollection):
         return (
             active
             | "Prompt" >> beam.ParDo(PromptFn(self.checkpoint, self.episode))
             | "Generate" >> RunInference(KeyedModelHandler(self.handler))
-            | "Execute" >> beam.ParDo(ExecuteFn(self.sandbox, self.episode, self.judge_handle)).with_outputs(
+            | "Execute" >> beam.ParDo(ExecuteFn(self.sandbox, self.episode, self.judge_handle,
+                                                self.progress_handle, self.total)).with_outputs(
                 DONE, DEAD, main=ACTIVE)
         )
 
@@ -109,21 +137,22 @@ class Rollouts(beam.PTransform):
 
     def __init__(self, *, handler: Any, checkpoint: str, policy_version: str, run_id: str, round_k: int,
                  samples: int, root_seed: int, gamma: float, episode: EpisodeSettings,
-                 sandbox: SandboxSettings) -> None:
+                 sandbox: SandboxSettings, trajectories: int | None = None) -> None:
         super().__init__()
+        self.trajectories = trajectories  # expected count, for the progress bar (None: a bar without a total)
         self.handler, self.checkpoint, self.policy_version = handler, checkpoint, policy_version
         self.run_id, self.round_k, self.samples, self.root_seed = run_id, round_k, samples, root_seed
         self.gamma, self.episode, self.sandbox = gamma, episode, sandbox
 
     def expand(self, tasks: beam.PCollection):
-        judge_handle = shared.Shared()
+        judge_handle, progress_handle = shared.Shared(), shared.Shared()
         active = tasks | "Start" >> beam.FlatMap(
             start_rollouts, run_id=self.run_id, round_k=self.round_k, samples=self.samples,
             root_seed=self.root_seed, policy_version=self.policy_version)
         finished, dead = [], []
         for k in range(self.episode.max_turns):  # every episode ends by max_turns: nothing is left active
             out = active | f"Turn{k + 1}" >> RolloutTurn(self.handler, self.checkpoint, self.episode, self.sandbox,
-                                                         judge_handle)
+                                                         judge_handle, progress_handle, self.trajectories)
             finished.append(out[DONE])
             dead.append(out[DEAD])
             active = out[ACTIVE]

@@ -97,3 +97,19 @@ def test_eval_runs_on_the_file_one_benchmark_per_source(tmp_path):
     assert [(r["benchmark"], r["tasks"]) for r in summary] == [("classics", 5)]
     both = runner.invoke(app, ["eval", "--policy", str(policy), "--tasks", str(FIXTURE), "--benchmarks", "mbpp"])
     assert both.exit_code == 2 and "not both" in both.output
+
+
+@pytest.mark.slow
+def test_a_pipeline_round_on_the_file_counts_trajectories_as_they_finish(tmp_path, monkeypatch):
+    from pipeline import schema
+    from pipeline.policy.tiny import build_checkpoint
+
+    monkeypatch.setenv("DIDPO_PROGRESS", "1")  # tests run with bars off
+    policy = build_checkpoint(tmp_path / "tiny", size="tiny").path
+    result = runner.invoke(app, ["pipeline", "run", "--tasks", str(FIXTURE), "--checkpoint", str(policy),
+                                 "--set", f"run.root={tmp_path / 'runs'}", "--set", "episode.max_turns=2",
+                                 "--set", "pipeline.samples_per_task=2", "--set", "policy.max_new_tokens=16"])
+    assert result.exit_code == 0, result.output
+    assert "trajectories: 100%" in result.stderr and "4/4" in result.stderr  # 2 train tasks x 2 samples
+    steps = schema.read_table(tmp_path / "runs" / "local" / "round=0" / "steps", "steps").to_pylist()
+    assert {s["task_id"] for s in steps} == {"classics/reverse_linked_list", "classics/subsequences"}
