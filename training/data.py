@@ -54,6 +54,7 @@ class DataCounts:
 
     advantage_rows: int = 0  # rows in the advantages table
     step_rows: int = 0  # rows in the steps table
+    task_groups: int = 0  # task ids among the advantage rows (the groups a group-relative estimator compares)
     steps_without_advantage: int = 0  # steps no advantage row refers to (not trained)
     dropped_uniform_group: int = 0  # rows of task groups whose rewards were all equal (dynamic filtering)
     uniform_groups: int = 0  # such task groups
@@ -133,6 +134,7 @@ def load_round(round_dir: str | Path, *, dynamic_filtering: bool = False) -> Rou
                 )
         joined.append((a, s))
     counts.steps_without_advantage = len(steps) - len(joined)
+    counts.task_groups = len({s["task_id"] for _, s in joined})
 
     uniform: set[str] = set()
     if dynamic_filtering:

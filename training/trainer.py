@@ -1,7 +1,9 @@
 """Offline policy update of one round, on OpenRLHF's Actor and PolicyLoss and a DeepSpeed engine.
 
 1. Rows: join the round's `advantages` to its `steps`, drop rows without signal, bucket by length
-   (training/data.py). The micro-batch plan of every epoch is fixed by the seed.
+   (training/data.py). The micro-batch plan of every epoch is fixed by the seed. No row left (every
+   advantage zero, or every row filtered out): nothing to train; the report says why and no checkpoint is
+   written (the caller keeps the starting policy).
 2. Old log-probs: recomputed once with the starting policy (or the table's behaviour log-probs);
    reference log-probs for the k3 KL: once, with the frozen reference (default: the starting policy).
 3. Engine: the policy wrapped in `openrlhf.models.Actor`, AdamW with linear warmup then cosine/constant LR,
@@ -22,7 +24,6 @@ import math
 import os
 import shutil
 import socket
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -32,7 +33,7 @@ import torch
 
 from pipeline import storage
 from pipeline.telemetry import progress_bar
-from training.data import Batch, BatchPlan, Cursor, RoundData, load_round
+from training.data import Batch, BatchPlan, Cursor, DataCounts, RoundData, load_round
 from training.settings import TrainSettings
 
 REPORT_NAME = "train_report.json"
@@ -87,8 +88,8 @@ class StepMetrics:
 
 @dataclass
 class TrainReport:
-    out_dir: str  # where the round's checkpoint is
-    completed: bool  # the whole plan was trained and the HF checkpoint written
+    out_dir: str  # where the round's policy is: the starting policy's (local) folder when nothing_to_train
+    completed: bool  # the whole plan was trained and the HF checkpoint written (or there was nothing to train)
     total_steps: int  # optimizer steps of the full plan
     steps_done: int  # optimizer steps trained so far (over all resumed runs)
     resumed_from_step: int | None  # step this call resumed from, or None
@@ -96,6 +97,9 @@ class TrainReport:
     steps: list[StepMetrics] = field(default_factory=list)  # this call's steps
     # seconds: load_s (tables), prepare_s (old/ref log-probs), data_s, compute_s, save_s, total_s
     wall: dict[str, float] = field(default_factory=dict)
+    # why the round had no trainable row (`why_nothing_to_train`); None when it trained. Then no checkpoint
+    # and no report file are written: the starting policy stays the policy
+    nothing_to_train: str | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
@@ -105,6 +109,21 @@ class TrainReport:
         raw = json.loads(text)
         raw["steps"] = [StepMetrics(**s) for s in raw["steps"]]
         return cls(**raw)
+
+
+def why_nothing_to_train(counts: DataCounts) -> str:
+    """Why the loader kept no row (the trainer's one test for "nothing to train"), in the loader's figures."""
+    c = counts
+    if c.advantage_rows == 0:
+        return f"the advantages table has no rows ({c.step_rows} steps)"
+    rows = f"{c.advantage_rows} rows ({c.task_groups} task group{'s' if c.task_groups != 1 else ''})"
+    if c.dropped_zero_advantage == c.advantage_rows:
+        return f"all {rows} have zero advantage"
+    why = ((c.dropped_zero_advantage, "have zero advantage"),
+           (c.dropped_uniform_group,
+            f"are in the {c.uniform_groups} task groups with equal rewards (dynamic filtering)"),
+           (c.dropped_empty_response, "have an empty response"))
+    return f"none of {rows} trains: " + ", ".join(f"{n} {what}" for n, what in why if n)
 
 
 # ---- environment -------------------------------------------------------------------------------------------
@@ -404,6 +423,8 @@ def train_round(
     local = storage.work_dir(dest)
     report = _train_round(round_dir, init, local, settings, reference_checkpoint=reference, resume=resume,
                           max_steps=max_steps)
+    if report.nothing_to_train is not None:
+        return report  # nothing written, nothing to upload
     report = replace(report, out_dir=str(dest))
     rank, world = _rank_and_world()
     if report.completed and rank == 0:
@@ -452,18 +473,23 @@ def _train_round(
     cuda = device.type == "cuda"
     wall = {"load_s": 0.0, "prepare_s": 0.0, "data_s": 0.0, "compute_s": 0.0, "save_s": 0.0}
 
-    tokenizer = load_tokenizer(init)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     t0 = time.perf_counter()
     data = load_round(round_dir, dynamic_filtering=settings.dynamic_filtering)
+    if not data.rows:
+        # The one decision: no row with a non-zero advantage after the loader's filtering. Every rank reads the
+        # same tables, so every rank returns here; nothing is written (no copy of unchanged weights).
+        wall["load_s"], wall["total_s"] = time.perf_counter() - t0, time.perf_counter() - t_start
+        return TrainReport(out_dir=str(init), completed=True, total_steps=0, steps_done=0, resumed_from_step=None,
+                           counts=data.counts.as_dict(), wall=wall,
+                           nothing_to_train=why_nothing_to_train(data.counts))
+    tokenizer = load_tokenizer(init)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     plan = BatchPlan(data, settings.max_tokens_per_batch, settings.seed, settings.epochs, pad_id)
     gas = settings.micro_batches_per_step
     steps_per_epoch = math.ceil(plan.batches_per_epoch / gas)
     total_steps = steps_per_epoch * settings.epochs
     plan_id = _plan_id(data, settings)
     wall["load_s"] = time.perf_counter() - t0
-    if total_steps == 0:
-        return _nothing_to_train(init, out, data, wall, t_start, rank=rank)
 
     with _determinism(settings.deterministic, settings.seed):
         model = load_policy(init, dtype="float32", device=str(device))
@@ -634,34 +660,6 @@ def _save_policy(engine: Any, init: Path, out: Path, rank: int) -> None:
         if rank == 0:
             engine.module.model.save_pretrained(out)
             copy_tokenizer(init, out)
-
-
-def _nothing_to_train(init: Path, out: Path, data: Any, wall: dict[str, float], t_start: float, *,
-                      rank: int = 0) -> TrainReport:
-    """A round without one trainable row (e.g. every group had equal rewards): the policy carries over
-    unchanged, saved as this round's checkpoint (by rank 0), and the report says why (its counts)."""
-    if rank != 0:
-        import torch.distributed as dist
-
-        dist.barrier()  # rank 0 writes; the others wait for it
-        return TrainReport.from_json((out / REPORT_NAME).read_text())
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    for f in init.iterdir():
-        if f.is_file():
-            shutil.copy2(f, tmp / f.name)
-    wall["total_s"] = time.perf_counter() - t_start
-    report = TrainReport(out_dir=str(out), completed=True, total_steps=0, steps_done=0, resumed_from_step=None,
-                         counts=data.counts.as_dict(), steps=[], wall=wall)
-    (tmp / REPORT_NAME).write_text(report.to_json() + "\n")
-    if out.exists():
-        out.rmdir()  # empty (checked by the caller)
-    os.replace(tmp, out)
-    if _rank_and_world()[1] > 1:
-        import torch.distributed as dist
-
-        dist.barrier()
-    return report
 
 
 def _cursor_of(step: int, steps_per_epoch: int, gas: int) -> Cursor:

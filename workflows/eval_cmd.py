@@ -94,7 +94,10 @@ def evaluate(cfg: PipelineConfig, policy: Path, benchmarks: Sequence[str] | Mapp
 
 
 def eval_cmd(
-    policy: Path = typer.Option(..., "--policy", help="policy checkpoint directory"),
+    policy: Path = typer.Option(None, "--policy", help="policy checkpoint directory"),  # noqa: B008
+    after_round: int | None = typer.Option(None, "--after-round", min=0, help="instead of --policy: the policy "
+                                           "round K left behind (its update, or its own policy when it had "
+                                           "nothing to train), as `didpo round` resolves it"),
     benchmarks: str = typer.Option(None, help=f"comma-separated task sources (default: {DEFAULT_BENCHMARKS})"),
     tasks: Path | None = typer.Option(None, "--tasks", help="a task file (docs/tasks.md) to evaluate whole, "
                                       "one benchmark per source name"),
@@ -114,7 +117,16 @@ def eval_cmd(
 
     if benchmarks and tasks:
         raise UserError("give --benchmarks or --tasks, not both")
+    if (policy is None) == (after_round is None):
+        raise UserError("give --policy or --after-round (one of them)")
     cfg = load_or_exit(config, overrides)  # tasks.train stays the config's: the pool the policy trained on
+    if after_round is not None:
+        from workflows.rounds import round_policy
+
+        try:
+            policy = Path(str(round_policy(cfg, after_round + 1) or cfg.policy.checkpoint))
+        except ValueError as e:
+            raise UserError(str(e)) from None
     try:
         # a task file is evaluated whole, one benchmark per source name it holds
         names = file_benchmarks(tasks) if tasks else parse_benchmarks(benchmarks or DEFAULT_BENCHMARKS)

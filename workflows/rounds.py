@@ -3,7 +3,9 @@
 1. Start from the configured checkpoint (built offline when missing); SFT it once on successful episodes
    of the training tasks when `sft.enabled` (a cold start that teaches the action grammar).
 2. For each round k: the Beam pipeline with policy k writes runs/<run_id>/round=<k>/ tables.
-3. The trainer updates policy k on that round's advantages into round=<k>/policy (= policy k+1).
+3. The trainer updates policy k on that round's advantages into round=<k>/policy (= policy k+1). A round with
+   nothing to train (no row with a non-zero advantage) writes no policy: policy k carries over as policy k+1,
+   and the manifest's train stage records why (`nothing_to_train`), which `round_policy` follows.
 4. A quick held-out evaluation of policy k+1 (same episodes and sandbox, greedy).
 5. Every stage is recorded in the round's manifest with the inputs it read (pipeline/run.py `ROUND_STAGES`):
    a rerun resumes where it stopped, and refuses a completed stage whose inputs changed; eval, which nothing
@@ -52,6 +54,7 @@ class RoundRow:
     pipeline_s: float
     train_s: float
     eval_s: float
+    no_update: str = ""  # "nothing to train: <reason>; policy unchanged (<path>)"; "" when the update trained
 
 
 def run_rounds(cfg: DidpoConfig, rounds: int | None = None, console: Console | None = None) -> list[RoundRow]:
@@ -69,14 +72,15 @@ def run_rounds(cfg: DidpoConfig, rounds: int | None = None, console: Console | N
     )
     from pipeline.tasks.settings import resolve_tasks
     from training.trainer import train_round
-    from workflows.summary import round_summary
+    from workflows.summary import round_summary, unchanged_policy_text
 
     console = console or Console()
     rounds = rounds or cfg.run.rounds
     run_dir = location(cfg.run.root) / cfg.run.run_id
     train_tasks, eval_tasks = resolve_tasks(cfg.tasks)
     policy = resolve_policy(cfg.policy)
-    policy = local_copy(cold_start(cfg, policy, eval_tasks, run_dir, console))  # one download per policy
+    policy_at = cold_start(cfg, policy, eval_tasks, run_dir, console)  # where policy k is (shown, recorded)
+    policy = local_copy(policy_at)  # one download per policy
     rows = []
     for k in range(rounds):
         console.rule(f"round {k}")
@@ -87,21 +91,32 @@ def run_rounds(cfg: DidpoConfig, rounds: int | None = None, console: Console | N
         check_stage(manifest, round_dir, "train", inputs["train"], chash)
         summary = round_summary(round_dir)
         out = round_dir / "policy"
-        start = time.perf_counter()
-        report = train_round(round_dir, policy, out, cfg.train, reference_checkpoint=policy)
-        if not manifest.stage_done("train"):
-            complete_stage(manifest, round_dir, "train", time.perf_counter() - start, inputs["train"],
-                           steps=report.steps_done, counts=report.counts)
+        nothing = manifest.stages.get("train", {}).get("nothing_to_train")
+        steps = []
+        if nothing is None:  # a recorded "nothing to train" is not decided again (the manifest is the record)
+            start = time.perf_counter()
+            report = train_round(round_dir, policy, out, cfg.train, reference_checkpoint=policy)
+            nothing, steps = report.nothing_to_train, report.steps
+            if not manifest.stage_done("train"):
+                carried = {"nothing_to_train": nothing, "policy": str(policy_at)} if nothing else {}
+                complete_stage(manifest, round_dir, "train", time.perf_counter() - start, inputs["train"],
+                               steps=report.steps_done, counts=report.counts, **carried)
+        no_update = unchanged_policy_text(nothing, str(policy_at)) if nothing else ""
+        if nothing:
+            console.print(f"round {k}: {no_update}")
+        else:  # policy k+1 is this round's update; else policy k carries over, not copied
+            policy_at = round_policy(cfg, k + 1)  # = out
+            policy = local_copy(policy_at)  # its local copy under an object-store root
         # eval is a leaf (nothing downstream reads its metrics): changed eval inputs measure again, not refuse
         if not manifest.stage_done("eval") or changed_inputs(manifest, "eval", inputs["eval"], chash):
             start = time.perf_counter()
-            metrics = quick_eval(local_copy(out), eval_tasks, cfg)
+            metrics = quick_eval(policy, eval_tasks, cfg)
             complete_stage(manifest, round_dir, "eval", time.perf_counter() - start, inputs["eval"],
                            metrics=metrics)
         evaluation = manifest.stages["eval"]["metrics"]
         stage_s = {name: float(v.get("seconds", 0.0)) for name, v in manifest.stages.items()}
-        losses = [s.loss for s in report.steps]
-        kls = [s.approx_kl for s in report.steps]
+        losses = [s.loss for s in steps]
+        kls = [s.approx_kl for s in steps]
         rows.append(RoundRow(
             round=k, estimator=cfg.credit.estimator, lam=cfg.credit.lam, mean_return=summary.mean_return,
             rollout_pass_rate=summary.pass_rate, rollouts=summary.rollouts, lost_to_sandbox=summary.lost_to_sandbox,
@@ -111,9 +126,8 @@ def run_rounds(cfg: DidpoConfig, rounds: int | None = None, console: Console | N
             approx_kl=statistics.fmean(kls) if kls else float("nan"),
             heldout_pass_rate=evaluation["pass_rate"], heldout_invalid_rate=evaluation["invalid_rate"],
             pipeline_s=sum(stage_s.get(s, 0.0) for s in STAGES),
-            train_s=stage_s.get("train", 0.0), eval_s=stage_s.get("eval", 0.0),
+            train_s=stage_s.get("train", 0.0), eval_s=stage_s.get("eval", 0.0), no_update=no_update,
         ))
-        policy = local_copy(round_policy(cfg, k + 1))  # = out (its local copy under an object-store root)
     write_rounds_table(rows, run_dir)
     print_rounds_table(rows, console)
     return rows
@@ -124,11 +138,14 @@ SFT_DIR = "sft"  # <run>/sft: the cold-started policy 0
 
 def round_policy(cfg: DidpoConfig, k: int) -> Location | None:
     """The policy round k samples with, the one rule `didpo round`, `didpo compare` and the Airflow DAG follow:
-    round k-1's update (round=<k-1>/policy); for k = 0 the SFT cold start (<run>/sft) when sft.enabled, else
+    round k-1's update (round=<k-1>/policy), or round k-1's own policy when its manifest records that it had
+    nothing to train; for k = 0 the SFT cold start (<run>/sft) when sft.enabled, else
     None: the configured `policy.checkpoint` (`pipeline.run.resolve_policy`). Raises ValueError naming what to
     run first when that policy does not exist yet."""
     run_dir = location(cfg.run.root) / cfg.run.run_id
     if k > 0:
+        if trained_nothing(run_dir / f"round={k - 1}"):
+            return round_policy(cfg, k - 1)  # carried over unchanged: no policy folder was written
         policy = run_dir / f"round={k - 1}" / "policy"
         if not policy.is_dir():
             raise ValueError(f"round {k} samples with {policy}, which does not exist: run round {k - 1} first")
@@ -140,6 +157,14 @@ def round_policy(cfg: DidpoConfig, k: int) -> Location | None:
         raise ValueError(f"sft.enabled: cold-start the policy first (`didpo sft --out {policy}`), "
                          "or set sft.enabled=false")
     return policy
+
+
+def trained_nothing(round_dir: Location) -> str | None:
+    """Why `round_dir`'s update trained nothing, as its manifest's train stage records it; None when it trained
+    (or has not run)."""
+    if not (round_dir / schema.MANIFEST_NAME).exists():
+        return None
+    return schema.read_manifest(round_dir).stages.get("train", {}).get("nothing_to_train")
 
 
 def cold_start(cfg: DidpoConfig, policy: Path, eval_tasks, run_dir: Location, console: Console) -> Location:
@@ -191,6 +216,8 @@ def print_rounds_table(rows: list[RoundRow], console: Console) -> None:
     for r in rows:
         table.add_column(f"round {r.round}", justify="right")
     for label, name, fmt in lines:
-        values = [getattr(r, name) for r in rows]
-        table.add_row(label, *("-" if v != v else fmt.format(v) for v in values))  # NaN: no update steps
+        cells = ["-" if v != v else fmt.format(v) for v in (getattr(r, name) for r in rows)]  # NaN: no steps
+        if name == "loss":  # a round that trained nothing says why instead of "-"
+            cells = [r.no_update or c for r, c in zip(rows, cells, strict=True)]
+        table.add_row(label, *cells)
     console.print(table)

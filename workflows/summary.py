@@ -37,6 +37,12 @@ class RoundSummary:
     stage_seconds: dict[str, float] = field(default_factory=dict)
     dead_letters: int = 0  # every dead_letter row (rollouts and credit stages)
     lost_to_sandbox: int = 0  # rollouts dead-lettered at the sandbox retry cap (included in `rollouts`)
+    no_update: str = ""  # `unchanged_policy_text` when the round's update trained nothing (its manifest says)
+
+
+def unchanged_policy_text(reason: str, policy: str) -> str:
+    """How every command words an update that trained nothing (`training.trainer` decides and says why)."""
+    return f"nothing to train: {reason}; policy unchanged ({policy})"
 
 
 def round_summary(round_dir: str | Path) -> RoundSummary:
@@ -46,6 +52,7 @@ def round_summary(round_dir: str | Path) -> RoundSummary:
     rd = location(round_dir)
     m = round_metrics(rd)
     manifest = schema.read_manifest(rd)
+    train = manifest.stages.get("train", {})
     return RoundSummary(
         round_dir=str(rd), tasks=m["tasks"], rollouts=m["rollouts"], pass_rate=m["pass_rate"] or 0.0,
         mean_return=m["mean_return"] or 0.0, steps=m["steps"],
@@ -55,6 +62,8 @@ def round_summary(round_dir: str | Path) -> RoundSummary:
         mean_adv_by_outcome={"passing": m["mean_adv_passing"] or 0.0, "failing": m["mean_adv_failing"] or 0.0},
         stage_seconds={k: v.get("seconds", 0.0) for k, v in manifest.stages.items()},
         dead_letters=m["dead_letters"], lost_to_sandbox=m["lost_to_sandbox"],
+        no_update=unchanged_policy_text(train["nothing_to_train"], train["policy"])
+        if train.get("nothing_to_train") else "",
     )
 
 
@@ -76,6 +85,8 @@ def print_round_summary(round_dir: str | Path, console: Console | None = None) -
     table.add_row("coverage", f"{s.coverage:.2%} of changed-code tokens got a diff-level term")
     table.add_row("mixed-outcome groups", f"{s.mixed_groups:.2%} of task groups")
     table.add_row("mean token advantage", ", ".join(f"{k} {v:+.3f}" for k, v in s.mean_adv_by_outcome.items()))
+    if s.no_update:
+        table.add_row("policy update", s.no_update)
     table.add_row("wall time by stage", ", ".join(f"{k} {v:.1f}s" for k, v in s.stage_seconds.items()))
     if s.dead_letters > s.lost_to_sandbox:
         table.add_row("other dead letters", f"{s.dead_letters - s.lost_to_sandbox} (credit stage; see the "

@@ -2,7 +2,8 @@
 
 The same function as `didpo round`'s update (`training.trainer.train_round`), with the config's `train`
 section: reads the round's tables, writes the next policy and `train_report.json` into Q, resumes from Q's
-train state when killed. DIR, P and Q may be object-store URLs (gs://, s3://; `pipeline.storage`). Data parallel under a launcher, each rank training on its share of every step:
+train state when killed. A round with nothing to train writes nothing: the command says why, and P stays the
+policy. DIR, P and Q may be object-store URLs (gs://, s3://; `pipeline.storage`). Data parallel under a launcher, each rank training on its share of every step:
 
     torchrun --nproc_per_node 8 -m workflows.cli train --round runs/x/round=3 --policy P --out Q
     deepspeed --num_gpus 8 --module workflows.cli train ...           (docs/training.md)
@@ -57,8 +58,13 @@ def train_cmd(
 
     if dist.is_initialized() and dist.get_rank() != 0:
         return  # one rank speaks
+    if report.nothing_to_train is not None:
+        from workflows.summary import unchanged_policy_text
+
+        typer.echo(f"train: {unchanged_policy_text(report.nothing_to_train, policy)}; nothing written to {out}")
+        return
     done = "done" if report.completed else f"stopped at step {report.steps_done} (rerun to resume)"
     losses = [s.loss for s in report.steps]
     typer.echo(f"train: {report.steps_done}/{report.total_steps} steps, {done}; rows {report.counts}; "
-               + (f"loss {losses[0]:.4f} -> {losses[-1]:.4f}; " if losses else "nothing to train; ")
+               + (f"loss {losses[0]:.4f} -> {losses[-1]:.4f}; " if losses else "")
                + f"policy {out}")

@@ -7,6 +7,7 @@ import hashlib
 import json
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from builders import FIX, OTHER, advantage_row, rewrite_step, step_row, write_steps_and_advantages
@@ -143,12 +144,22 @@ def test_a_round_under_gs_writes_the_objects_of_a_local_root_and_everything_read
     page = storage.location(f"{root}/local/report/index.html")
     assert page.exists() and "<html" in page.read_text().lower()
 
-    # didpo train reads the round's tables and the policy from the bucket and writes the next policy there
-    code, stdout, err = _run_cli(capsys, "train", "--round", str(remote.round_dir), "--policy", str(tiny_policy),
-                                 "--out", f"{root}/local/round=0/policy", "--set", "train.epochs=1",
-                                 "--set", "train.max_tokens_per_batch=256")
+    # didpo train reads the round's tables and the policy from the bucket and writes the next policy there;
+    # the tiny policy's rollouts have equal outcomes: nothing to train, nothing written
+    train = ("train", "--round", str(remote.round_dir), "--policy", str(tiny_policy), "--out",
+             f"{root}/local/round=0/policy", "--set", "train.epochs=1", "--set", "train.max_tokens_per_batch=256")
+    code, stdout, err = _run_cli(capsys, *train)
     assert code in (0, None), err
     policy = storage.location(f"{root}/local/round=0/policy")
+    assert "nothing to train: " in stdout and not policy.exists()
+    advantages = schema.table_dir(remote.round_dir, "advantages")  # every token an advantage of 1 to learn from
+    table = schema.read_table(advantages, "advantages")
+    ones = pa.array([[1.0] * len(a) for a in table.column("token_advantages").to_pylist()], pa.list_(pa.float32()))
+    storage.remove_tree(advantages)
+    idx = table.schema.get_field_index("token_advantages")
+    schema.write_table(table.set_column(idx, table.schema.field(idx), ones), advantages, "advantages")
+    code, stdout, err = _run_cli(capsys, *train)
+    assert code in (0, None), err
     report = json.loads((policy / "train_report.json").read_text())
     assert report["completed"] and report["out_dir"] == str(policy)
     names = {p.name for p in policy.iterdir()}

@@ -24,7 +24,7 @@ torch.set_num_threads(1)
 from pipeline.policy.loading import load_policy  # noqa: E402
 from pipeline.policy.tiny import build_checkpoint  # noqa: E402
 from pipeline.schema import SchemaError, content_id, read_table, table_dir, write_table  # noqa: E402
-from training.data import BatchPlan, Cursor, load_round  # noqa: E402
+from training.data import BatchPlan, Cursor, DataCounts, load_round  # noqa: E402
 from training.settings import TrainSettings  # noqa: E402
 from training.trainer import (  # noqa: E402
     REPORT_NAME,
@@ -35,6 +35,7 @@ from training.trainer import (  # noqa: E402
     response_logprobs,
     step_shard,
     train_round,
+    why_nothing_to_train,
 )
 
 CORPUS = ["def add(a, b):\n    return a + b\n" * 20, "for i in range(10):\n    print(i)\n" * 20]
@@ -253,20 +254,63 @@ def test_settings_refuse_impossible_values_with_a_message(bad, message):
     assert (ok.clip_low, ok.clip_high) == (0.2, 0.28)
 
 
-@pytest.mark.slow
-def test_a_round_without_trainable_rows_carries_the_policy_over(ckpt, tmp_path):
-    root = write_round(tmp_path / "round", vocab_size(ckpt), n_rows=4)
+def zero_advantages(root: Path, keep: int = 0) -> None:
+    """Set the token advantages of every row of `root`'s advantages table to zero but the first `keep`'s."""
     adv_dir = table_dir(root, "advantages")
     table = read_table(adv_dir, "advantages")
-    zero = [[0.0] * len(t) for t in table.column("token_advantages").to_pylist()]
+    values = [a if i < keep else [0.0] * len(a) for i, a in enumerate(table.column("token_advantages").to_pylist())]
     idx = table.schema.get_field_index("token_advantages")
-    write_table(table.set_column(idx, table.schema.field(idx), pa.array(zero, pa.list_(pa.float32()))), adv_dir,
+    for part in adv_dir.glob("part-*.parquet"):
+        part.unlink()
+    write_table(table.set_column(idx, table.schema.field(idx), pa.array(values, pa.list_(pa.float32()))), adv_dir,
                 "advantages")
+
+
+def test_a_round_without_trainable_rows_writes_no_policy_and_says_why(ckpt, tmp_path):
+    root = write_round(tmp_path / "round", vocab_size(ckpt), n_rows=8)  # 8 rows in 2 task groups
+    zero_advantages(root)
     report = train_round(root, ckpt, tmp_path / "out", TrainSettings(**FAST))
+    assert report.nothing_to_train == "all 8 rows (2 task groups) have zero advantage"
     assert report.completed and report.total_steps == 0 and report.counts["kept"] == 0
-    assert_same_weights(ckpt, tmp_path / "out")  # unchanged, and a loadable checkpoint
+    assert report.out_dir == str(ckpt)  # the policy stays the starting one
+    assert not (tmp_path / "out").exists()  # no copy of unchanged weights, no report file
+    assert TrainReport.from_json(report.to_json()) == report
     again = train_round(root, ckpt, tmp_path / "out", TrainSettings(**FAST))
-    assert again.total_steps == 0  # the stored report: a rerun does nothing
+    assert again.nothing_to_train == report.nothing_to_train and not (tmp_path / "out").exists()
+
+
+def test_the_nothing_to_train_reason_names_the_filters():
+    assert why_nothing_to_train(DataCounts(step_rows=3)) == "the advantages table has no rows (3 steps)"
+    counts = DataCounts(advantage_rows=24, step_rows=24, task_groups=6, dropped_zero_advantage=8,
+                        dropped_uniform_group=15, uniform_groups=4, dropped_empty_response=1)
+    assert why_nothing_to_train(counts) == (
+        "none of 24 rows (6 task groups) trains: 8 have zero advantage, 15 are in the 4 task groups with equal "
+        "rewards (dynamic filtering), 1 have an empty response")
+
+
+@pytest.mark.slow
+def test_one_row_with_advantage_still_trains(ckpt, tmp_path):
+    root = write_round(tmp_path / "round", vocab_size(ckpt), n_rows=4)
+    zero_advantages(root, keep=1)
+    report = train_round(root, ckpt, tmp_path / "out", TrainSettings(**FAST))
+    assert report.nothing_to_train is None and report.counts["kept"] == 1
+    assert report.completed and report.total_steps == 1 and len(report.steps) == 1
+    assert (tmp_path / "out" / "config.json").is_file() and (tmp_path / "out" / REPORT_NAME).is_file()
+
+
+def test_didpo_train_says_why_it_trained_nothing(ckpt, tmp_path):
+    from typer.testing import CliRunner
+
+    from workflows.cli import app
+
+    root = write_round(tmp_path / "round", vocab_size(ckpt), n_rows=4)
+    zero_advantages(root)
+    done = CliRunner().invoke(app, ["train", "--round", str(root), "--policy", str(ckpt), "--out",
+                                    str(tmp_path / "out")])
+    assert done.exit_code == 0, done.output
+    assert (f"nothing to train: all 4 rows (1 task group) have zero advantage; policy unchanged ({ckpt})"
+            in " ".join(done.output.split()))
+    assert not (tmp_path / "out").exists()
 
 
 # ---- data parallel ------------------------------------------------------------------------------------------

@@ -220,6 +220,25 @@ def test_eval_command_refuses_bad_options(tmp_path, args, message):
     assert res.exit_code == 2 and message in res.output
 
 
+def test_eval_after_a_round_resolves_the_policy_as_rounds_do(tmp_path, tiny_policy):
+    """`--after-round k` is policy k+1 by `workflows.rounds.round_policy`: round k's update, or (a round with
+    nothing to train) the policy round k sampled with; the DAG's evaluate task relies on it."""
+    from pipeline import schema
+
+    root = ["--set", f"run.root={tmp_path}", "--set", "run.run_id=r", "--set", "sft.enabled=false",
+            "--set", f"policy.checkpoint={tiny_policy}", "--benchmarks", "nope"]  # stops after resolving
+    missing = CliRunner().invoke(_app(), ["eval", "--after-round", "1", *root])
+    assert missing.exit_code == 2 and "run round 1 first" in missing.output
+    rd = tmp_path / "r" / "round=0"
+    rd.mkdir(parents=True)
+    schema.write_manifest(schema.Manifest("r", 0, "cfg", "sha", "v0", stages={
+        "train": {"nothing_to_train": "all 8 rows have zero advantage"}}), rd)
+    carried = CliRunner().invoke(_app(), ["eval", "--after-round", "0", *root])
+    assert carried.exit_code == 2 and "unknown benchmark nope" in carried.output  # resolved: policy.checkpoint
+    both = CliRunner().invoke(_app(), ["eval", "--after-round", "0", "--policy", str(tiny_policy)])
+    assert both.exit_code == 2 and "give --policy or --after-round" in both.output
+
+
 def test_the_agent_runtime_loads_the_configured_backend(tiny_policy):
     """Evaluation builds its policy through the backend's handler, as the pipeline's rollouts do: a vLLM
     config is never evaluated with transformers behind the user's back (here vLLM is not installed)."""

@@ -10,17 +10,22 @@ from rich.console import Console
 from pipeline import schema
 from pipeline.run import RoundConflict
 from training.config import load_config
-from workflows.rounds import run_rounds
+from workflows.rounds import round_policy, run_rounds
 
 pytestmark = pytest.mark.slow
 
 
+_OVERRIDES = [
+    "policy.size=tiny", "policy.max_new_tokens=24", "episode.max_turns=2", "episode.max_response_tokens=512",
+    "pipeline.samples_per_task=2", "tasks.train=[{source: mbpp, split: train, limit: 2}]",
+    "tasks.eval=[{source: humanevalfix, limit: 2}]", "sandbox.pool_size=1", "eval.max_tasks=2",
+    "train.max_tokens_per_batch=8192",
+]
+
+
 def _config(root, checkpoint):
     return load_config(None, [
-        f"run.root={root}", f"policy.checkpoint={checkpoint}", "policy.size=tiny", "policy.max_new_tokens=24",
-        "episode.max_turns=2", "episode.max_response_tokens=512", "pipeline.samples_per_task=2",
-        "tasks.train=[{source: mbpp, split: train, limit: 2}]", "tasks.eval=[{source: humanevalfix, limit: 2}]",
-        "sandbox.pool_size=1", "eval.max_tasks=2", "train.max_tokens_per_batch=8192",
+        f"run.root={root}", f"policy.checkpoint={checkpoint}", *_OVERRIDES,
         "sft.tasks={train: [{source: mbpp, split: train, limit: 4}], eval: [{source: mbpp, split: validation, limit: 2}]}",
         "sft.max_steps=2", "sft.warmup_steps=0", "sft.rl_task_episodes=1",
     ])
@@ -36,7 +41,12 @@ def test_one_round_runs_every_stage_and_resumes(tmp_path, tiny_policy):
     assert 0.0 <= manifest.stages["eval"]["metrics"]["pass_rate"] <= 1.0
     sft_report = json.loads((run_dir / "sft" / "sft_report.json").read_text())
     assert sft_report["total_steps"] == 2 and sft_report["evaluation"]["n"] == 2
-    assert (run_dir / "round=0" / "policy" / "config.json").is_file()  # a normal HF checkpoint per round
+    # a normal HF checkpoint per round; none when the round had nothing to train (often, at the tiny policy)
+    policy = run_dir / "round=0" / "policy"
+    if "nothing_to_train" in manifest.stages["train"]:
+        assert not policy.exists() and rows[0].no_update.startswith("nothing to train: ")
+    else:
+        assert (policy / "config.json").is_file() and not rows[0].no_update
     table = json.loads((run_dir / "rounds.json").read_text())
     assert table[0]["anchors"] == rows[0].anchors
 
@@ -56,6 +66,59 @@ def test_one_round_runs_every_stage_and_resumes(tmp_path, tiny_policy):
     faster = cfg.model_copy(update={"train": cfg.train.model_copy(update={"lr": 1e-3})})
     with pytest.raises(RoundConflict, match=r"stage train was completed with other inputs: train\.lr \S+ -> 0\.001\."):
         run_rounds(faster, 1, console=Console(quiet=True))
+
+
+def test_a_round_with_nothing_to_train_keeps_the_policy_and_resumes(tmp_path, tiny_policy, monkeypatch):
+    import pyarrow as pa
+
+    import training.trainer
+    from pipeline.run import policy_version, resolve_policy, run_round
+    from pipeline.tasks.settings import resolve_tasks
+
+    cfg = load_config(None, [f"run.root={tmp_path / 'runs'}", f"policy.checkpoint={tiny_policy}", "sft.enabled=false",
+                             *_OVERRIDES])
+    run_dir = tmp_path / "runs" / "local"
+    # round 0's pipeline stages as `didpo round` runs them, then every advantage set to zero
+    round0 = run_round(cfg, 0, resolve_policy(cfg.policy), resolve_tasks(cfg.tasks)[0]).round_dir
+    adv_dir = schema.table_dir(round0, "advantages")
+    table = schema.read_table(adv_dir, "advantages")
+    zero = pa.array([[0.0] * len(a) for a in table.column("token_advantages").to_pylist()], pa.list_(pa.float32()))
+    for part in adv_dir.glob("part-*.parquet"):
+        part.unlink()
+    idx = table.schema.get_field_index("token_advantages")
+    schema.write_table(table.set_column(idx, table.schema.field(idx), zero), adv_dir, "advantages")
+
+    trained = []  # the rounds the trainer is called on
+    real_train_round = training.trainer.train_round
+
+    def train_round(round_dir, *args, **kwargs):
+        trained.append(str(round_dir))
+        return real_train_round(round_dir, *args, **kwargs)
+
+    monkeypatch.setattr(training.trainer, "train_round", train_round)
+    console = Console(record=True, width=300)
+    rows = run_rounds(cfg, 2, console=console)
+    assert trained == [str(round0), str(run_dir / "round=1")]
+    reason = f"all {table.num_rows} rows ("
+    assert rows[0].no_update.startswith(f"nothing to train: {reason}") and rows[0].no_update.endswith(
+        f"have zero advantage; policy unchanged ({tiny_policy})")
+    assert rows[0].loss != rows[0].loss  # NaN: no update steps
+    assert not (round0 / "policy").exists()  # no new policy folder, no copied weights
+    train = schema.read_manifest(round0).stages["train"]
+    assert train["nothing_to_train"].startswith(reason) and train["policy"] == str(tiny_policy)
+    assert train["steps"] == 0 and train["counts"]["kept"] == 0
+    # the next round samples with the unchanged policy: the one rule, and what round 1 recorded
+    assert round_policy(cfg, 1) is None  # = policy.checkpoint
+    assert schema.read_manifest(run_dir / "round=1").policy_checkpoint == policy_version(tiny_policy)
+    assert "nothing to train: " + reason in console.export_text()  # the printed table says why, not "-"
+    assert json.loads((run_dir / "rounds.json").read_text())[0]["no_update"] == rows[0].no_update
+
+    stamps = {k: v["completed_at"] for k, v in schema.read_manifest(round0).stages.items()}
+    trained.clear()
+    again = run_rounds(cfg, 2, console=Console(quiet=True))  # a rerun: round 0's decision is read, not redone
+    assert str(round0) not in trained and again[0].no_update == rows[0].no_update
+    assert {k: v["completed_at"] for k, v in schema.read_manifest(round0).stages.items()} == stamps
+    assert not (round0 / "policy").exists()
 
 
 def test_a_round_runs_on_repair_tasks_split_by_program(tmp_path, tiny_policy):

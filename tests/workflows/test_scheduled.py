@@ -188,7 +188,7 @@ def test_train_eval_report_commands_render_to_valid_command_lines(dag_module):
     assert [train[i + 1] for i, a in enumerate(train) if a == "--set"] == params["overrides"]
     evaluate = shlex.split(_render(dag_module, tasks["evaluate"].kwargs["bash_command"], params))
     eval_args = evaluate[evaluate.index("eval") + 1:]
-    assert eval_args[eval_args.index("--policy") + 1] == "/data/runs/exp1/round=2/policy"  # policy k+1
+    assert eval_args[eval_args.index("--after-round") + 1] == "2"  # policy k+1, resolved as `didpo round` does
     assert eval_args[eval_args.index("--limit") + 1] == "20"
     _cli_parses(eval_cmd, eval_args)
     no_limit = _render(dag_module, tasks["evaluate"].kwargs["bash_command"], {"round": 2})

@@ -13,7 +13,8 @@
 3. `train`: `didpo round --rounds k+1` resumes from the round manifests: the pipeline stages are recorded as
    done, so it runs only the update of round k (OpenRLHF Actor + PolicyLoss on DeepSpeed) and the quick
    held-out check, writing round=<k>/policy (= policy k+1).
-4. `evaluate`: `didpo eval` of policy k+1 on the benchmarks (pass@k, per subset) into round=<k>/eval.
+4. `evaluate`: `didpo eval` of policy k+1 on the benchmarks (pass@k, per subset) into round=<k>/eval (policy k+1:
+   round=<k>/policy, or policy k itself when round k had nothing to train; `didpo eval --after-round k`).
 5. `report`: `didpo report` refreshes the run's HTML page.
 
 Deployment: the repository with its environment at $DIDPO_HOME (default /opt/didpo, `make setup` done) on
@@ -111,7 +112,6 @@ def _choose(params: dict, **_) -> str:
 
 RUN_DIR = "{{ resolved(ti).run_dir | q }}"  # a shell word
 ROUND = "{{ params.round }}"
-NEXT_POLICY = f"{RUN_DIR}/round={ROUND}/policy"
 
 # Validates the config and publishes, as JSON on the last stdout line (the XCom), the run folder and the
 # policy round k samples with (`workflows.rounds.round_policy`, the rule `didpo round` follows, so that it
@@ -212,7 +212,7 @@ with DAG(
     )
     evaluate = BashOperator(
         task_id="evaluate",
-        bash_command=(f"cd {HOME_SH} && {DIDPO_SH} eval --policy {NEXT_POLICY} "
+        bash_command=(f"cd {HOME_SH} && {DIDPO_SH} eval --after-round {ROUND} "  # policy k+1, as rounds resolve it
                       "--benchmarks {{ params.benchmarks }} --samples {{ params.eval_samples }} "
                       "{% if params.eval_limit %}--limit {{ params.eval_limit }} {% endif %}"
                       f"--out {RUN_DIR}/round={ROUND}/eval {ARGS}"),
