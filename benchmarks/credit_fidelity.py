@@ -759,7 +759,7 @@ def build(
 def edit_scores(result, steps, edits: list[EditRecord]) -> np.ndarray:
     """[E] mean token advantage over each edit's code span."""
     by_row = {s.row_id: s for s in steps}
-    adv_of = dict(zip(result.advantages["row_id"], result.advantages["token_advantages"], strict=True))
+    adv_of = {a.step.row_id: a.token_advantages for a in result.advantages}
     out = np.empty(len(edits))
     for k, e in enumerate(edits):
         step = by_row[e.row_id]

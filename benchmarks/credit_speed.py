@@ -203,10 +203,10 @@ def _rss_kib(field: str) -> int:
 
 def _naive(steps, result, settings) -> tuple[float, int, bool]:
     """All-pairs difflib ratio over the same candidates per (task, edit type); (seconds, pairs, estimated)."""
-    sub = result.subdiffs
     groups = defaultdict(list)
-    for task, edit, text in zip(sub["task_id"], sub["edit_type"], sub["normalized_text"], strict=True):
-        groups[(task, edit)].append(text)
+    for sub in result.subdiffs:
+        c = sub.candidate
+        groups[(result.rows[c.row].task_id, c.edit_type)].append(c.text)
     pairs = sum(len(v) * (len(v) - 1) // 2 for v in groups.values())
 
     def compare(a: str, b: str) -> bool:

@@ -1,19 +1,25 @@
-"""Adapters between the data contract and the pure credit core (which imports nothing from the project).
+"""Adapters between the data contract and the credit core (`pipeline.credit`, which writes no table and
+names no column: its results are plain values).
 
-    steps table rows -> StepInput          (step_inputs)
-    CreditResult     -> contract rows/tables (result_rows, result_tables)
+    steps table rows -> StepInput                 (step_input, step_inputs, steps_from_table)
+    CreditResult     -> the four credit tables: their columns as computed (result_columns), Arrow tables
+                        with the contract schemas (result_tables), contract rows (result_rows)
+
+Table assembly is here and only here: which value goes in which column (checked against
+`pipeline.schema.columns`, the one list of them), the tables' row order (anchors by id, members in an
+anchor's order, advantages in input order) and the span structs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import pyarrow as pa
 
 from pipeline.credit import CreditInputError, CreditResult, StepInput
 from pipeline.credit.inputs import edits_from_action, files_map
-from pipeline.schema import arrow_schema
+from pipeline.schema import SchemaError, arrow_schema, columns
 
 CREDIT_TABLES = ("subdiffs", "anchors", "anchor_members", "advantages")
 
@@ -51,16 +57,115 @@ def steps_from_table(table: pa.Table, source: str = "<steps>") -> list[StepInput
     return step_inputs(table.to_pylist(), source)
 
 
+def _span_structs(spans: list[tuple[int, int]], names: tuple[str, str]) -> list[dict[str, int]]:
+    """[start, end) ranges as values of a list<struct<start, end>> column."""
+    start, end = names
+    return [{start: s, end: e} for s, e in spans]
+
+
+def _subdiff_columns(result: CreditResult) -> dict[str, list]:
+    """One row per sub-diff, in the core's order (rows canonical, then candidates as found); char/token_start
+    and _end are the outer bounds of the spans (-1: none)."""
+    struct = arrow_schema("subdiffs").field("char_spans").type.value_type
+    names = (struct.field(0).name, struct.field(1).name)
+    subs = result.subdiffs
+    cands = [s.candidate for s in subs]
+    steps = [result.rows[c.row] for c in cands]
+    return dict(
+        subdiff_id=[s.subdiff_id for s in subs],
+        row_id=[step.row_id for step in steps],
+        traj_id=[step.traj_id for step in steps],
+        task_id=[step.task_id for step in steps],
+        file=[c.file for c in cands],
+        edit_type=[c.edit_type for c in cands],
+        scale=[c.scale for c in cands],
+        line_start=[c.line_start for c in cands],
+        line_end=[c.line_end for c in cands],
+        char_start=[s.char_spans[0][0] if s.char_spans else -1 for s in subs],
+        char_end=[s.char_spans[-1][1] if s.char_spans else -1 for s in subs],
+        token_start=[s.token_spans[0][0] if s.token_spans else -1 for s in subs],
+        token_end=[s.token_spans[-1][1] if s.token_spans else -1 for s in subs],
+        char_spans=[_span_structs(s.char_spans, names) for s in subs],
+        token_spans=[_span_structs(s.token_spans, names) for s in subs],
+        n_lines=[c.n_lines for c in cands],
+        normalized_text=[c.text for c in cands],
+    )
+
+
+def _anchor_columns(result: CreditResult) -> dict[str, list]:
+    """One row per anchor, by anchor_id."""
+    anchors = sorted(result.anchors, key=lambda a: a.anchor_id)
+    return dict(
+        anchor_id=[a.anchor_id for a in anchors],
+        task_id=[a.task_id for a in anchors],
+        edit_type=[a.edit_type for a in anchors],
+        n_rows=[a.n_rows for a in anchors],
+        n_members=[len(a.members) for a in anchors],
+        mean_lines=[a.mean_lines for a in anchors],
+        gs=[a.gs for a in anchors],
+        representative_subdiff_id=[result.subdiffs[a.representative].subdiff_id for a in anchors],
+        text=[a.text for a in anchors],
+    )
+
+
+def _member_columns(result: CreditResult) -> dict[str, list]:
+    """One row per anchor occurrence with its A^D: anchors by anchor_id, members in the anchor's order."""
+    pairs = [(a, m, float(value)) for a in sorted(result.anchors, key=lambda a: a.anchor_id)
+             for m, value in zip(a.members, a.diff_advantage, strict=True)]
+    return dict(
+        anchor_id=[a.anchor_id for a, _, _ in pairs],
+        subdiff_id=[result.subdiffs[m].subdiff_id for _, m, _ in pairs],
+        row_id=[result.rows[result.subdiffs[m].candidate.row].row_id for _, m, _ in pairs],
+        task_id=[a.task_id for a, _, _ in pairs],
+        diff_advantage=[value for _, _, value in pairs],
+    )
+
+
+def _advantage_columns(result: CreditResult) -> dict[str, list]:
+    """One row per input step, in input order (token advantages float64 here; the table stores float32)."""
+    rows, settings = result.advantages, result.settings
+    return dict(
+        row_id=[a.step.row_id for a in rows],
+        traj_id=[a.step.traj_id for a in rows],
+        task_id=[a.step.task_id for a in rows],
+        estimator=[settings.estimator] * len(rows),
+        lam=[settings.lam] * len(rows),
+        episode_advantage=[a.episode_advantage for a in rows],
+        token_advantages=[a.token_advantages for a in rows],
+        loss_mask=[a.loss_mask for a in rows],
+        n_diff_tokens=[a.n_diff_tokens for a in rows],
+    )
+
+
+_COLUMNS: dict[str, Callable[[CreditResult], dict[str, list]]] = {
+    "subdiffs": _subdiff_columns,
+    "anchors": _anchor_columns,
+    "anchor_members": _member_columns,
+    "advantages": _advantage_columns,
+}
+
+
+def result_columns(result: CreditResult, table: str) -> dict[str, list]:
+    """One of the credit tables as column name -> values, in the schema's column order, with the values as
+    computed (float64 numbers, numpy token arrays): what the table holds before Arrow's types apply."""
+    if table not in _COLUMNS:
+        raise KeyError(f"{table!r} is not a credit table; they are {', '.join(CREDIT_TABLES)}")
+    built = _COLUMNS[table](result)
+    names = columns(table)
+    if set(built) != set(names):  # the contract changed: this adapter must follow it
+        raise SchemaError(f"credit_io builds {sorted(built)} for table {table!r}; its columns: {list(names)}")
+    return {name: built[name] for name in names}
+
+
 def result_tables(result: CreditResult, tables: Iterable[str] = CREDIT_TABLES) -> dict[str, pa.Table]:
-    """The result's column dicts as Arrow tables with exactly the contract schemas."""
+    """The result's credit tables as Arrow tables with exactly the contract schemas."""
     out = {}
     for name in tables:
-        columns: dict[str, Any] = getattr(result, name)
-        schema = arrow_schema(name)
-        out[name] = pa.table({f.name: pa.array(columns[f.name], type=f.type) for f in schema}, schema=schema)
+        cols, schema = result_columns(result, name), arrow_schema(name)
+        out[name] = pa.table({f.name: pa.array(cols[f.name], type=f.type) for f in schema}, schema=schema)
     return out
 
 
 def result_rows(result: CreditResult, table: str) -> list[dict[str, Any]]:
-    """One of the result's tables as contract rows (dicts), e.g. for a Beam PCollection."""
+    """One of the result's tables as contract rows (dicts of stored values), e.g. for a Beam PCollection."""
     return result_tables(result, (table,))[table].to_pylist()

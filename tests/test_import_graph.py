@@ -1,6 +1,7 @@
 """The import graph of the project's own modules, read from the source (ast), imports inside functions
-included and `if TYPE_CHECKING:` blocks left out (they never run): no cycles, a pure credit core, and the
-pipeline independent of the trainer."""
+included and `if TYPE_CHECKING:` blocks left out (they never run): no cycles, a pure credit core that
+writes no table (its I/O adapter, pipeline/credit_io.py, does), and the pipeline independent of the
+trainer."""
 
 from __future__ import annotations
 
@@ -70,12 +71,34 @@ def test_there_are_no_import_cycles():
         pytest.fail(f"import cycle: {' -> '.join(e.args[1])}")
 
 
+CREDIT_CORE = sorted(m for m in MODULES if m == "pipeline.credit" or m.startswith("pipeline.credit."))
+
+
+# the core and its I/O adapter, pipeline.credit_io
 @pytest.mark.parametrize("module", sorted(m for m in MODULES if m.startswith("pipeline.credit")))
 def test_the_credit_core_imports_no_engine_and_no_trainer(module):
     heavy = ("apache_beam", "torch", "duckdb", "transformers", "deepspeed", "ray", "openrlhf", "training",
              "workflows")
     bad = sorted({i for i in IMPORTS[module] if i.split(".")[0] in heavy})
     assert not bad, f"{module} imports {bad}"
+
+
+@pytest.mark.parametrize("module", CREDIT_CORE)
+def test_the_credit_core_assembles_no_table(module):
+    """Tables are assembled in the I/O adapter (pipeline/credit_io.py): the core imports no pyarrow, and from
+    the data contract (pipeline.schema) only `content_id`, the one id function (the ids it computes are the
+    tables'), so no column name, row type or schema reaches it."""
+    tree = ast.parse(MODULES[module].read_text())
+    assert "pyarrow" not in {i.split(".")[0] for i in _runtime_imports(tree)}, f"{module} imports pyarrow"
+    taken = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == "pipeline.schema":
+            taken |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module == "pipeline":
+            taken |= {f"pipeline.{a.name}" for a in node.names if a.name == "schema"}
+        elif isinstance(node, ast.Import):
+            taken |= {a.name for a in node.names if a.name.startswith("pipeline.schema")}
+    assert taken <= {"content_id"}, f"{module} takes {sorted(taken - {'content_id'})} from pipeline.schema"
 
 
 @pytest.mark.parametrize("module", sorted(m for m in MODULES if m.startswith("pipeline")))
@@ -91,3 +114,5 @@ def test_the_graph_reader_sees_real_imports():
     assert "pipeline.credit.estimators" in _edges("pipeline.credit.did")
     assert "pipeline.credit.settings" not in _edges("pipeline.credit.did")  # a TYPE_CHECKING import only
     assert "training.sft" in _edges("workflows.sft_cmd")
+    assert "pipeline.credit.batch" in CREDIT_CORE and "pipeline.credit_io" not in CREDIT_CORE
+    assert "pyarrow" in IMPORTS["pipeline.credit_io"] and "pipeline.schema" in _edges("pipeline.credit_io")

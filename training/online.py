@@ -103,8 +103,8 @@ def didpo_advantages(experiences: Sequence[Any], settings: Any) -> Any:
             except (CreditInputError, KeyError, TypeError, ValueError) as err:
                 raise OnlineBatchError(f"experience {e} row {b}: {err}") from err
     result = compute_credit(steps, settings)
-    token_adv = result.advantages["token_advantages"]  # input order = `where` order
-    episode_adv = result.advantages["episode_advantage"]
+    token_adv = [row.token_advantages for row in result.advantages]  # input order = `where` order
+    episode_adv = [row.episode_advantage for row in result.advantages]
     position = itertools.count()  # the rows again, in the order `steps` was built
     for e, exp in enumerate(experiences):
         mask = exp.action_mask.bool()

@@ -2,14 +2,18 @@
 
 Entry point: `compute_credit(steps, settings) -> CreditResult`, or its two halves `credit_units` (steps 1-8:
 returns, sub-diffs, anchors, A^D and its projection) and `assign_advantages` (step 9: the estimator). See
-`pipeline.credit.batch` for the algorithm in numbered steps and docs/design.md.
+`pipeline.credit.batch` for the algorithm in numbered steps and docs/design.md. Results are plain values
+(sub-diffs, anchors, per-row advantages); `pipeline.credit_io` makes the contract tables of them.
 """
 
 from pipeline.credit import did, estimators
 from pipeline.credit.anchors import groupability
 from pipeline.credit.batch import (
+    Anchor,
     CreditResult,
     CreditUnits,
+    RowAdvantages,
+    SubDiff,
     assign_advantages,
     compute_credit,
     credit_units,
@@ -47,6 +51,7 @@ def clear_caches() -> None:
 
 __all__ = [
     "clear_caches",
+    "Anchor",
     "ESTIMATORS",
     "CreditInputError",
     "CreditResult",
@@ -55,7 +60,9 @@ __all__ = [
     "Edit",
     "EstimatorBatch",
     "EstimatorOutput",
+    "RowAdvantages",
     "StepInput",
+    "SubDiff",
     "assign_advantages",
     "compute_credit",
     "credit_units",

@@ -1,4 +1,4 @@
-"""Group-relative advantages (DESIGN.md steps 8 and 9)."""
+"""Group-relative advantages (steps 7 and 9 of `pipeline/credit/batch.py`)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Groupability score and anchor selection (DESIGN.md steps 5 and 6).
+"""Groupability score and anchor selection (step 6 of `pipeline/credit/batch.py`).
 
 A candidate anchor is a cluster of near-duplicate sub-diff occurrences of one task and edit type. It is
 worth grouping when its change is large enough to mean something (L, mean lines) and when enough distinct

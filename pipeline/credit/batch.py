@@ -1,4 +1,4 @@
-"""The one entry of the credit stage: `compute_credit(steps, settings) -> CreditResult`.
+"""The credit core of one batch: `credit_units` (steps 1-8) then `assign_advantages` (step 9).
 
 1. Validate rows; order them canonically (task, trajectory, turn) so nothing depends on input order.
 2. Returns R_t per row (discount gamma) and R_episode = R_t of the trajectory's lowest-turn row. Rewards and
@@ -13,6 +13,9 @@
    takes the first in priority order: higher GS (as stored, float32), then more covered characters, then
    the smaller subdiff_id, then the smaller anchor_id (the same total order as sql/advantages_rows.sql).
 9. The chosen estimator turns returns and projected A^D into token advantages; the loss mask applies.
+
+The results are plain values (dataclasses and numpy arrays): `pipeline.credit_io` makes the contract tables
+of a `CreditResult`, so no column name appears here. The code below runs in the order of the steps.
 """
 
 from __future__ import annotations
@@ -38,54 +41,79 @@ from pipeline.credit.returns import episode_returns, returns_to_go
 from pipeline.credit.settings import CreditSettings
 from pipeline.credit.similarity import ShingleSets, cluster_texts, minhash_signatures
 from pipeline.credit.subdiffs import Candidate, ast_blocks, hunk_candidates
-from pipeline.schema import columns, content_id
+from pipeline.schema import content_id  # the project's one id function: ids in the tables are these
 
+Span = tuple[int, int]  # half-open [start, end)
 _SCALE_RANK = {"hunk": 0, "ast": 1}  # kept first when a row exceeds max_candidates_per_row
+
+# ---- what the steps produce --------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class SubDiff:
+    """A sub-diff candidate (step 4) placed in its row's response."""
+
+    subdiff_id: str  # content id of (row_id, file, edit type, scale, line span)
+    candidate: Candidate  # its row (canonical index), file, edit type, scale, lines and normalized text
+    char_spans: list[Span]  # response characters that wrote it, merged and sorted
+    token_spans: list[Span]  # response tokens sharing a character with char_spans, merged and sorted
 
 
 @dataclass
 class Anchor:
-    """A kept anchor: near-duplicate occurrences of one change in >= 2 rows of one task."""
+    """A kept anchor (step 6): near-duplicate occurrences of one change in >= 2 rows of one task."""
 
     anchor_id: str
     task_id: str
     edit_type: str
-    members: list[int]  # candidate indices (occurrences), sorted
+    members: list[int]  # sub-diff indices (occurrences), sorted
     gs: float  # GS recomputed after the cut
     n_rows: int  # distinct rows among the members
     mean_lines: float
     text: str  # normalized text of the representative
-    representative: int  # candidate index of the representative occurrence
-    diff_advantage: np.ndarray = field(default_factory=lambda: np.zeros(0))  # [len(members)] A^D
+    representative: int  # sub-diff index of the representative occurrence
+    diff_advantage: np.ndarray = field(default_factory=lambda: np.zeros(0))  # [len(members)] A^D (step 7)
 
 
 @dataclass
-class CreditResult:
-    """Tables (column name -> list, as in the data contract) and diagnostics of one batch."""
+class RowAdvantages:
+    """Step 9 for one input step: A^E and the token advantages, the loss mask applied."""
 
-    subdiffs: dict[str, list]
-    anchors: dict[str, list]
-    anchor_members: dict[str, list]
-    advantages: dict[str, list]  # one row per input step, in input order
-    diagnostics: Diagnostics
-
-    def token_advantages(self, row_id: str) -> np.ndarray:
-        i = self.advantages["row_id"].index(row_id)
-        return np.asarray(self.advantages["token_advantages"][i], np.float64)
+    step: StepInput
+    episode_advantage: float
+    token_advantages: np.ndarray  # [T] float64 (the tables store float32), 0 where the loss mask is 0
+    loss_mask: np.ndarray  # [T] int8, 1 where the token is trained on
+    n_diff_tokens: int  # tokens in the loss that a diff-level term reached
 
 
 @dataclass
 class CreditUnits:
     """Steps 1-8 of one batch: what every estimator reads (`batch`), and the units behind it."""
 
-    steps: Sequence[StepInput]  # as given: the advantages table keeps this order
-    rows: list[StepInput]  # canonical order (task, trajectory, turn); `batch` is indexed by it
+    steps: Sequence[StepInput]  # as given: the advantages keep this order
+    rows: list[StepInput]  # canonical order (task, trajectory, turn); `batch` and `SubDiff` rows index it
     batch: EstimatorBatch
-    candidates: list[Candidate]
-    subdiffs: dict[str, list]
+    subdiffs: list[SubDiff]
     anchors: list[Anchor]
     diff_covered: list[np.ndarray]  # per row [T]: tokens under an anchor occurrence
     diagnostics: Diagnostics
+
+
+@dataclass
+class CreditResult:
+    """One batch's credit: the units and one `RowAdvantages` per input step (`pipeline.credit_io` makes the
+    subdiffs, anchors, anchor_members and advantages tables of it)."""
+
+    rows: list[StepInput]  # canonical order
+    subdiffs: list[SubDiff]
+    anchors: list[Anchor]  # in selection order
+    advantages: list[RowAdvantages]  # one per input step, in input order
+    settings: CreditSettings  # the estimator and lambda that made them
+    diagnostics: Diagnostics
+
+    def token_advantages(self, row_id: str) -> np.ndarray:
+        i = [a.step.row_id for a in self.advantages].index(row_id)
+        return np.asarray(self.advantages[i].token_advantages, np.float64)
 
 
 def reads_units(settings: CreditSettings) -> bool:
@@ -108,6 +136,9 @@ def compute_credit(steps: Sequence[StepInput], settings: CreditSettings | None =
     return assign_advantages(credit_units(steps, settings, units=reads_units(settings)), settings)
 
 
+# ---- steps 1-8 ---------------------------------------------------------------------------------------------
+
+
 def credit_units(steps: Sequence[StepInput], settings: CreditSettings | None = None, *, units: bool = True
                  ) -> CreditUnits:
     """Steps 1-8 of one batch. With units=False only steps 1-2 run: no sub-diffs, anchors or A^D (every
@@ -118,66 +149,43 @@ def credit_units(steps: Sequence[StepInput], settings: CreditSettings | None = N
     timer = PhaseTimer(diag.seconds)
     stats: Counter = Counter()
 
-    with timer.phase("validate"):
+    with timer.phase("validate"):  # 1. refuse what the math cannot use; one canonical order
         rows = _canonical_rows(steps)
-        n = len(rows)
-        task_ids = sorted({s.task_id for s in rows})
-        traj_ids = sorted({s.traj_id for s in rows})
-        task_of = {t: i for i, t in enumerate(task_ids)}
-        traj_of = {t: i for i, t in enumerate(traj_ids)}
-        task_index = np.array([task_of[s.task_id] for s in rows], np.int64)
-        traj_index = np.array([traj_of[s.traj_id] for s in rows], np.int64)
+        task_index, traj_index, state_index = _group_indices(rows, diag)
         turn = np.array([s.turn for s in rows], np.int64)
+
+    with timer.phase("returns"):  # 2. R_t and R_episode, from float32 rewards as the steps table holds them
         rewards = np.array([float(s.step_reward) for s in rows], np.float32).astype(np.float64)
-        states: dict[tuple[str, str], int] = {}
-        state_index = np.array(
-            [
-                states.setdefault((s.task_id, s.workspace_hash_before or f"\x00{s.row_id}"), len(states))
-                for s in rows
-            ],
-            np.int64,
-        )
-        diag.n_rows, diag.n_tasks, diag.n_trajectories = n, len(task_ids), len(traj_ids)
-
-    with timer.phase("returns"):
         rtg = returns_to_go(rewards, traj_index, turn, settings.gamma).astype(np.float32).astype(np.float64)
-        episode_return = episode_returns(rtg, traj_index, turn) if n else rtg
+        episode_return = episode_returns(rtg, traj_index, turn) if rows else rtg
 
-    candidates: list[Candidate] = []
+    subdiffs: list[SubDiff] = []
     anchors: list[Anchor] = []
+    diff_tokens = [np.zeros(s.n_tokens) for s in rows]
+    diff_covered = [np.zeros(s.n_tokens, bool) for s in rows]
     if units:
-        with timer.phase("diffs"):
+        with timer.phase("diffs"):  # 3. whole diffs, repeats dropped; 4. multi-scale sub-diffs, placed
             candidates, changed_spans, n_units = _candidates(rows, settings, stats, diag)
+            flat = FlatTokens(rows) if rows else None
+            subdiffs = _place_subdiffs(rows, candidates, flat)
             diag.n_candidates = len(candidates)
 
-        with timer.phase("similarity"):
+        with timer.phase("similarity"):  # 5. near-duplicate clusters per (task, edit type)
             clusters, cluster_task = _clusters(candidates, rows, settings, diag)
 
-        with timer.phase("anchors"):
-            anchors = _select_anchors(clusters, cluster_task, candidates, rows, n_units, settings, task_ids)
+        with timer.phase("anchors"):  # 6. GS, selection and the cut; 7. A^D per occurrence
+            _score_clusters(clusters, candidates, settings, diag)
+            anchors = _select_anchors(clusters, cluster_task, candidates, n_units, settings)
             diag.n_anchors = len(anchors)
             diag.mean_group_size = float(np.mean([a.n_rows for a in anchors])) if anchors else 0.0
-            for a in anchors:
-                # A^D = R_t(row) - mean over the anchor's distinct rows; every occurrence in a row shares it.
-                member_rows = np.array([candidates[m].row for m in a.members], np.int64)
-                distinct, which = np.unique(member_rows, return_inverse=True)
-                per_row = group_center(
-                    rtg[distinct], np.zeros(len(distinct), np.int64), settings.adv_norm, settings.std_eps
-                )
-                a.diff_advantage = per_row[which]
+            _diff_advantages(anchors, candidates, rtg, settings)
 
-        with timer.phase("projection"):
-            subdiffs = _subdiff_table(rows, candidates)
-            diff_tokens, diff_covered = _project(
-                rows, candidates, anchors, changed_spans, subdiffs, diag
-            )
-    else:
-        subdiffs = _subdiff_table(rows, [])
-        diff_tokens = [np.zeros(s.n_tokens) for s in rows]
-        diff_covered = [np.zeros(s.n_tokens, bool) for s in rows]
+        if rows:
+            with timer.phase("projection"):  # 8. A^D onto the tokens that wrote each occurrence
+                diff_tokens, diff_covered = _project(flat, subdiffs, anchors, changed_spans, diag)
 
     lines = None
-    if reads_lines(settings):
+    if reads_lines(settings):  # didpo_did's units: lines a workspace holds, not anchors
         with timer.phase("lines"):
             lines = line_units(rows, task_index, traj_index, max_file_lines=settings.max_file_lines,
                                max_diff_lines=settings.max_diff_lines, stats=stats)
@@ -198,54 +206,15 @@ def credit_units(steps: Sequence[StepInput], settings: CreditSettings | None = N
         line_units=lines,
     )
     diag.caps = dict(stats)
-    return CreditUnits(steps, rows, batch, candidates, subdiffs, anchors, diff_covered, diag)
+    return CreditUnits(steps, rows, batch, subdiffs, anchors, diff_covered, diag)
 
 
-def assign_advantages(units: CreditUnits, settings: CreditSettings | None = None, *, whiten: bool = True
-                      ) -> CreditResult:
-    """Step 9: the estimator turns the units into token advantages; the loss mask applies. A batch-scoped
-    estimator's advantages are whitened over the trajectories of `units` (whiten=False leaves that to a
-    caller that holds only part of the batch: the Beam credit stage). One BLAS thread: the estimators'
-    solves are many and small, where more threads only cost (37-303 ms per batch with the default threads
-    here, 15-17 ms with one)."""
-    settings = settings or CreditSettings()
-    diag = units.diagnostics
-    timer = PhaseTimer(diag.seconds)
-    spec = get_estimator(settings.estimator)
-    with timer.phase("estimator"), _blas().limit(limits=1, user_api="blas"):
-        output = spec.fn(units.batch, settings)
-        if spec.scope == "batch" and whiten:
-            output = _whitened(output, units.batch.traj_index, settings.std_eps)
-    diff_covered = units.diff_covered
-    if units.batch.line_units is not None:  # the line units' changes, not the anchors, carry the diff term
-        diff_covered = [owner >= 0 for owner in units.batch.line_units.token_change]
-    elif not reads_units(settings):
-        diff_covered = [np.zeros(s.n_tokens, bool) for s in units.rows]  # no diff-level term reached a token
-    with timer.phase("tables"):
-        result = _tables(units.steps, units.rows, units.candidates, units.subdiffs, units.anchors, output,
-                         diff_covered, settings)
-    result.diagnostics = diag
-    diag.seconds.pop("total", None)
-    diag.seconds["total"] = sum(diag.seconds.values())
-    return result
-
-
-def _whitened(output: EstimatorOutput, traj_index: np.ndarray, eps: float) -> EstimatorOutput:
-    """The output whitened with the mean and std of one episode advantage per trajectory."""
-    first = np.unique(traj_index, return_index=True)[1]
-    values = output.episode_advantage[first]
-    mean, std = moments_stats(len(values), float(values.sum()), float((values**2).sum()))
-    return EstimatorOutput(whiten(output.episode_advantage, mean, std, eps),
-                           [whiten(t, mean, std, eps) for t in output.token_advantages])
-
-
-@cache
-def _blas() -> ThreadpoolController:
-    """The process's thread pools, found once (finding them scans the loaded libraries)."""
-    return ThreadpoolController()
+# 1. Validate and order --------------------------------------------------------------------------------------
 
 
 def _canonical_rows(steps: Sequence[StepInput]) -> list[StepInput]:
+    """The steps validated, sorted by (task, trajectory, turn); a row, a turn or a trajectory's task given
+    twice is refused, naming the rows."""
     seen_rows: dict[str, int] = {}
     seen_turns: dict[tuple[str, int], str] = {}
     traj_task: dict[str, str] = {}
@@ -275,12 +244,34 @@ def _canonical_rows(steps: Sequence[StepInput]) -> list[StepInput]:
     return sorted(steps, key=lambda s: (s.task_id, s.traj_id, s.turn))
 
 
+def _group_indices(rows: list[StepInput], diag: Diagnostics) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """[N] task, trajectory and state index of each row. Tasks and trajectories are numbered in sorted order;
+    a state is (task, workspace before the step), a row with an unknown workspace a state of its own."""
+    task_ids = sorted({s.task_id for s in rows})
+    traj_ids = sorted({s.traj_id for s in rows})
+    task_of = {t: i for i, t in enumerate(task_ids)}
+    traj_of = {t: i for i, t in enumerate(traj_ids)}
+    task_index = np.array([task_of[s.task_id] for s in rows], np.int64)
+    traj_index = np.array([traj_of[s.traj_id] for s in rows], np.int64)
+    states: dict[tuple[str, str], int] = {}
+    state_index = np.array(
+        [states.setdefault((s.task_id, s.workspace_hash_before or f"\x00{s.row_id}"), len(states))
+         for s in rows],
+        np.int64,
+    )
+    diag.n_rows, diag.n_tasks, diag.n_trajectories = len(rows), len(task_ids), len(traj_ids)
+    return task_index, traj_index, state_index
+
+
+# 3-4. Whole diffs and sub-diff candidates -------------------------------------------------------------------
+
+
 def _candidates(
     rows: list[StepInput], settings: CreditSettings, stats: Counter, diag: Diagnostics
-) -> tuple[list[Candidate], list[list[tuple[int, int]]], int]:
+) -> tuple[list[Candidate], list[list[Span]], int]:
     """All candidates (rows in canonical order), per-row changed-code spans, and the number of line units."""
     candidates: list[Candidate] = []
-    changed: list[list[tuple[int, int]]] = [[] for _ in rows]
+    changed: list[list[Span]] = [[] for _ in rows]
     units = 0
     seen: set = set()
     current_traj = None
@@ -289,12 +280,14 @@ def _candidates(
             seen, current_traj = set(), step.traj_id
         row_cands: list[Candidate] = []
         for hunk in whole_diff(step, settings.max_file_lines, settings.max_diff_lines, stats):
+            # 3. a change the trajectory already made is not a new decision: it gets no second occurrence
             signature = hunk.signature()
             if signature in seen:
                 diag.n_repeated_hunks += 1
                 continue
             seen.add(signature)
             diag.n_hunks += 1
+            # 4. each side, at every scale: which unit another rollout repeats is not known in advance
             for edit_type, lines, source in (
                 ("del", hunk.deleted, step.files_before.get(hunk.file, "")),
                 ("add", hunk.added, step.files_after.get(hunk.file, "")),
@@ -303,17 +296,8 @@ def _candidates(
                     continue
                 changed[r].extend(d.span for d in lines if d.span is not None)
                 blocks = partial(ast_blocks, source, settings.max_ast_lines) if settings.ast_blocks else None
-                found, used = hunk_candidates(
-                    r,
-                    hunk.file,
-                    edit_type,
-                    lines,
-                    units,
-                    settings.window_sizes,
-                    blocks,
-                    settings.max_hunk_lines,
-                    stats,
-                )
+                found, used = hunk_candidates(r, hunk.file, edit_type, lines, units, settings.window_sizes,
+                                              blocks, settings.max_hunk_lines, stats)
                 units += used
                 row_cands.extend(found)
         if len(row_cands) > settings.max_candidates_per_row:
@@ -324,12 +308,59 @@ def _candidates(
     return candidates, changed, units
 
 
+def _place_subdiffs(rows: list[StepInput], candidates: list[Candidate], flat: FlatTokens | None
+                    ) -> list[SubDiff]:
+    """Each candidate with its content id and where it sits in its response.
+
+    char_spans: the candidate's line spans, merged and sorted; token_spans: exactly the tokens sharing a
+    character with them (`token_runs`), merged and sorted, found for all candidates at once in the flat
+    space of `FlatTokens`.
+    """
+    n = len(candidates)
+    owner = np.fromiter((k for k, c in enumerate(candidates) for _ in c.spans), np.int64)
+    char_lo = np.fromiter((s for c in candidates for s, _ in c.spans), np.int64, count=owner.size)
+    char_hi = np.fromiter((e for c in candidates for _, e in c.spans), np.int64, count=owner.size)
+    owner, char_lo, char_hi = merge_intervals(owner, char_lo, char_hi)
+    token_owner, token_lo, token_hi = owner, char_lo, char_hi
+    if n:
+        row_of = np.array([c.row for c in candidates], np.int64)
+        base = flat.char_base[row_of[owner]]
+        token_owner, token_lo, token_hi = token_runs(
+            flat.starts, flat.ends, owner, char_lo + base, char_hi + base
+        )
+        shift = flat.token_base[row_of[token_owner]]
+        token_lo, token_hi = token_lo - shift, token_hi - shift
+    char_spans = _spans_by_owner(owner, char_lo, char_hi, n)
+    token_spans = _spans_by_owner(token_owner, token_lo, token_hi, n)
+    return [
+        SubDiff(
+            content_id("subdiff", rows[c.row].row_id, c.file, c.edit_type, c.scale, c.line_start, c.line_end),
+            c,
+            chars,
+            tokens,
+        )
+        for c, chars, tokens in zip(candidates, char_spans, token_spans, strict=True)
+    ]
+
+
+def _spans_by_owner(owner: np.ndarray, lo: np.ndarray, hi: np.ndarray, n: int) -> list[list[Span]]:
+    """Per owner 0..n-1, its [lo, hi) ranges in order."""
+    out: list[list[Span]] = [[] for _ in range(n)]
+    for k, start, end in zip(owner.tolist(), lo.tolist(), hi.tolist(), strict=True):
+        out[k].append((start, end))
+    return out
+
+
+# 5. Near-duplicate clusters ---------------------------------------------------------------------------------
+
+
 def _clusters(
     candidates: list[Candidate], rows: list[StepInput], settings: CreditSettings, diag: Diagnostics
 ) -> tuple[list[Cluster], list[int]]:
     """Near-duplicate clusters of candidates, per (task, edit type); returns clusters and their task index."""
     if not candidates:
         return [], []
+    # identical comparison texts are one unique text: MinHash and the exact check run once per text
     canon = settings.canonicalize_identifiers
     text_of: dict[tuple[str, str, tuple[str, ...]], list[int]] = defaultdict(list)
     for i, c in enumerate(candidates):
@@ -348,6 +379,7 @@ def _clusters(
     for (task_id, edit_type), uniques in sorted(groups.items()):
 
         def priority(u: int) -> tuple:
+            # representatives are tried widest first: most distinct rows, then most lines
             members = text_of[keys[u]]
             return (-len({candidates[m].row for m in members}), -candidates[members[0]].n_lines, u)
 
@@ -363,6 +395,15 @@ def _clusters(
                 Cluster(key=f"{task_id}\x1f{edit_type}\x1f{' '.join(keys[rep][2])}", members=sorted(members))
             )
             cluster_task.append(task_of[task_id])
+    return clusters, cluster_task
+
+
+# 6. Anchors: GS, selection, the cut, GS again ---------------------------------------------------------------
+
+
+def _score_clusters(clusters: list[Cluster], candidates: list[Candidate], settings: CreditSettings,
+                    diag: Diagnostics) -> None:
+    """Sets each cluster's GS, from its mean size in lines and its distinct rows (0 for a single row)."""
     singletons = 0
     for cluster in clusters:
         n_rows = len({candidates[m].row for m in cluster.members})
@@ -371,18 +412,18 @@ def _clusters(
         cluster.gs = groupability(mean_lines, n_rows, settings.s0, settings.g0, settings.gs_form)
     diag.n_clusters = len(clusters)
     diag.singleton_rate = singletons / len(clusters) if clusters else 0.0
-    return clusters, cluster_task
 
 
 def _select_anchors(
     clusters: list[Cluster],
     cluster_task: list[int],
     candidates: list[Candidate],
-    rows: list[StepInput],
     n_units: int,
     settings: CreditSettings,
-    task_ids: list[str],
 ) -> list[Anchor]:
+    """Per task, at most K clusters by greedy facility location; then no line unit in two kept occurrences
+    (the cut); an anchor made by a single row compares nothing and is dropped; GS is recomputed on what is
+    left."""
     if not clusters:
         return []
     unit_start = np.array([c.unit_start for c in candidates], np.int64)
@@ -426,8 +467,28 @@ def _select_anchors(
 
 
 def _rep_text(cluster: Cluster, candidates: list[Candidate]) -> str:
+    """The cluster's most frequent text (the smallest among equals)."""
     counts = Counter(candidates[m].text for m in cluster.members)
     return min(counts, key=lambda t: (-counts[t], t))
+
+
+# 7. A^D per occurrence --------------------------------------------------------------------------------------
+
+
+def _diff_advantages(anchors: list[Anchor], candidates: list[Candidate], rtg: np.ndarray,
+                     settings: CreditSettings) -> None:
+    """Sets each anchor's A^D = R_t(row) - mean over the anchor's distinct rows (adv_norm): each row counts
+    once, however many occurrences it holds, and every occurrence in a row shares its value."""
+    for a in anchors:
+        member_rows = np.array([candidates[m].row for m in a.members], np.int64)
+        distinct, which = np.unique(member_rows, return_inverse=True)
+        per_row = group_center(
+            rtg[distinct], np.zeros(len(distinct), np.int64), settings.adv_norm, settings.std_eps
+        )
+        a.diff_advantage = per_row[which]
+
+
+# 8. Projection onto tokens ----------------------------------------------------------------------------------
 
 
 class FlatTokens:
@@ -452,11 +513,10 @@ class FlatTokens:
 
 
 def _project(
-    rows: list[StepInput],
-    candidates: list[Candidate],
+    flat: FlatTokens,
+    subdiffs: list[SubDiff],
     anchors: list[Anchor],
-    changed_spans: list[list[tuple[int, int]]],
-    subdiffs: dict[str, list],
+    changed_spans: list[list[Span]],
     diag: Diagnostics,
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Per row [T] projected A^D (0 where no anchor occurrence covers the token) and [T] covered flags;
@@ -466,20 +526,15 @@ def _project(
     worst first, so each character, and then each token (max over its characters), keeps the occurrence
     that comes first in priority order: (-GS as float32, -covered chars, subdiff_id, anchor_id).
     """
-    if not rows:
-        return [], []
-    flat = FlatTokens(rows)
     char_base, starts, ends, total = flat.char_base, flat.starts, flat.ends, flat.n_chars
-
-    char_spans, subdiff_ids = subdiffs["char_spans"], subdiffs["subdiff_id"]
     occurrences = []
     for anchor in anchors:
         gs = float(np.float32(anchor.gs))  # the tables store GS as float32; ties are judged on that value
         for m, value in zip(anchor.members, anchor.diff_advantage, strict=True):
-            spans = [(span["start"], span["end"]) for span in char_spans[m]]
-            n_chars = sum(e - s for s, e in spans)
-            priority = (-gs, -n_chars, subdiff_ids[m], anchor.anchor_id)
-            occurrences.append((priority, candidates[m].row, spans, float(value)))
+            sub = subdiffs[m]
+            n_chars = sum(e - s for s, e in sub.char_spans)
+            priority = (-gs, -n_chars, sub.subdiff_id, anchor.anchor_id)
+            occurrences.append((priority, sub.candidate.row, sub.char_spans, float(value)))
     occurrences.sort(key=lambda o: o[0], reverse=True)  # worst first: painting leaves the best on top
     rank = np.full(total, -1, np.int64)
     for r, (_, row, spans, _) in enumerate(occurrences):
@@ -487,11 +542,12 @@ def _project(
         for s, e in spans:
             rank[base + s : base + e] = r
     values_by_rank = np.array([o[3] for o in occurrences], np.float64)
-    token_rank = token_max(rank, starts, ends, -1)
+    token_rank = token_max(rank, starts, ends, -1)  # a token shares a character with its occurrence
     covered = token_rank >= 0
     values = np.zeros(len(starts), np.float64)
     values[covered] = values_by_rank[token_rank[covered]]
 
+    # coverage: of the tokens that wrote changed code, the share a diff-level value reached
     painted = np.zeros(total, np.int8)
     for r, spans in enumerate(changed_spans):
         base = char_base[r]
@@ -504,111 +560,65 @@ def _project(
     return flat.split(values), flat.split(covered)
 
 
-def _subdiff_table(rows: list[StepInput], candidates: list[Candidate]) -> dict[str, list]:
-    """Columns of the subdiffs table.
-
-    char_spans: a candidate's line spans, merged and sorted; token_spans: exactly the tokens sharing a
-    character with them (`token_runs`), merged and sorted, found for all candidates at once in the flat
-    space of `FlatTokens`. char_start/char_end and token_start/token_end are the outer bounds (-1: none).
-    """
-    n = len(candidates)
-    owner = np.fromiter((k for k, c in enumerate(candidates) for _ in c.spans), np.int64)
-    char_lo = np.fromiter((s for c in candidates for s, _ in c.spans), np.int64, count=owner.size)
-    char_hi = np.fromiter((e for c in candidates for _, e in c.spans), np.int64, count=owner.size)
-    owner, char_lo, char_hi = merge_intervals(owner, char_lo, char_hi)
-    token_owner, token_lo, token_hi = owner, char_lo, char_hi
-    if n:
-        flat = FlatTokens(rows)
-        row_of = np.array([c.row for c in candidates], np.int64)
-        base = flat.char_base[row_of[owner]]
-        token_owner, token_lo, token_hi = token_runs(
-            flat.starts, flat.ends, owner, char_lo + base, char_hi + base
-        )
-        shift = flat.token_base[row_of[token_owner]]
-        token_lo, token_hi = token_lo - shift, token_hi - shift
-    char_spans = _span_lists(owner, char_lo, char_hi, n)
-    token_spans = _span_lists(token_owner, token_lo, token_hi, n)
-    return {
-        "subdiff_id": [
-            content_id("subdiff", rows[c.row].row_id, c.file, c.edit_type, c.scale, c.line_start, c.line_end)
-            for c in candidates
-        ],
-        "row_id": [rows[c.row].row_id for c in candidates],
-        "traj_id": [rows[c.row].traj_id for c in candidates],
-        "task_id": [rows[c.row].task_id for c in candidates],
-        "file": [c.file for c in candidates],
-        "edit_type": [c.edit_type for c in candidates],
-        "scale": [c.scale for c in candidates],
-        "line_start": [c.line_start for c in candidates],
-        "line_end": [c.line_end for c in candidates],
-        "char_start": [spans[0]["start"] if spans else -1 for spans in char_spans],
-        "char_end": [spans[-1]["end"] if spans else -1 for spans in char_spans],
-        "token_start": [spans[0]["start"] if spans else -1 for spans in token_spans],
-        "token_end": [spans[-1]["end"] if spans else -1 for spans in token_spans],
-        "char_spans": char_spans,
-        "token_spans": token_spans,
-        "n_lines": [c.n_lines for c in candidates],
-        "normalized_text": [c.text for c in candidates],
-    }
+# ---- step 9 ------------------------------------------------------------------------------------------------
 
 
-def _span_lists(owner: np.ndarray, lo: np.ndarray, hi: np.ndarray, n: int) -> list[list[dict[str, int]]]:
-    """Per owner 0..n-1, its [lo, hi) ranges as the table's list<struct<start, end>> values."""
-    out: list[list[dict[str, int]]] = [[] for _ in range(n)]
-    for k, start, end in zip(owner.tolist(), lo.tolist(), hi.tolist(), strict=True):
-        out[k].append({"start": start, "end": end})
-    return out
+def assign_advantages(units: CreditUnits, settings: CreditSettings | None = None, *, whiten: bool = True
+                      ) -> CreditResult:
+    """Step 9: the estimator turns the units into token advantages; the loss mask applies. A batch-scoped
+    estimator's advantages are whitened over the trajectories of `units` (whiten=False leaves that to a
+    caller that holds only part of the batch: the Beam credit stage). One BLAS thread: the estimators'
+    solves are many and small, where more threads only cost (37-303 ms per batch with the default threads
+    here, 15-17 ms with one)."""
+    settings = settings or CreditSettings()
+    diag = units.diagnostics
+    timer = PhaseTimer(diag.seconds)
+    spec = get_estimator(settings.estimator)
+    with timer.phase("estimator"), _blas().limit(limits=1, user_api="blas"):
+        output = spec.fn(units.batch, settings)
+        if spec.scope == "batch" and whiten:
+            output = _whitened(output, units.batch.traj_index, settings.std_eps)
+    with timer.phase("loss_mask"):
+        advantages = _row_advantages(units, output, _diff_reach(units, settings))
+    diag.seconds.pop("total", None)
+    diag.seconds["total"] = sum(diag.seconds.values())
+    return CreditResult(units.rows, units.subdiffs, units.anchors, advantages, settings, diag)
 
 
-def _tables(
-    steps: Sequence[StepInput],
-    rows: list[StepInput],
-    candidates: list[Candidate],
-    subdiffs: dict[str, list],
-    anchors: list[Anchor],
-    output: EstimatorOutput,
-    diff_covered: list[np.ndarray],
-    settings: CreditSettings,
-) -> CreditResult:
-    subdiff_ids = subdiffs["subdiff_id"]
-    anchor_cols: dict[str, list] = {name: [] for name in columns("anchors")}
-    member_cols: dict[str, list] = {name: [] for name in columns("anchor_members")}
-    for a in sorted(anchors, key=lambda a: a.anchor_id):
-        for name, value in (
-            ("anchor_id", a.anchor_id),
-            ("task_id", a.task_id),
-            ("edit_type", a.edit_type),
-            ("n_rows", a.n_rows),
-            ("n_members", len(a.members)),
-            ("mean_lines", a.mean_lines),
-            ("gs", a.gs),
-            ("representative_subdiff_id", subdiff_ids[a.representative]),
-            ("text", a.text),
-        ):
-            anchor_cols[name].append(value)
-        for m, value in zip(a.members, a.diff_advantage, strict=True):
-            member_cols["anchor_id"].append(a.anchor_id)
-            member_cols["subdiff_id"].append(subdiff_ids[m])
-            member_cols["row_id"].append(rows[candidates[m].row].row_id)
-            member_cols["task_id"].append(a.task_id)
-            member_cols["diff_advantage"].append(float(value))
-    position = {step.row_id: r for r, step in enumerate(rows)}
-    advantages: dict[str, list] = {name: [] for name in columns("advantages")}
-    for step in steps:
+def _whitened(output: EstimatorOutput, traj_index: np.ndarray, eps: float) -> EstimatorOutput:
+    """The output whitened with the mean and std of one episode advantage per trajectory."""
+    first = np.unique(traj_index, return_index=True)[1]
+    values = output.episode_advantage[first]
+    mean, std = moments_stats(len(values), float(values.sum()), float((values**2).sum()))
+    return EstimatorOutput(whiten(output.episode_advantage, mean, std, eps),
+                           [whiten(t, mean, std, eps) for t in output.token_advantages])
+
+
+@cache
+def _blas() -> ThreadpoolController:
+    """The process's thread pools, found once (finding them scans the loaded libraries)."""
+    return ThreadpoolController()
+
+
+def _diff_reach(units: CreditUnits, settings: CreditSettings) -> list[np.ndarray]:
+    """Per row [T]: the tokens a diff-level term reached (what n_diff_tokens counts)."""
+    if units.batch.line_units is not None:  # the line units' changes, not the anchors, carry the diff term
+        return [owner >= 0 for owner in units.batch.line_units.token_change]
+    if not reads_units(settings):  # units computed for analysis only: no diff-level term reached a token
+        return [np.zeros(s.n_tokens, bool) for s in units.rows]
+    return units.diff_covered
+
+
+def _row_advantages(units: CreditUnits, output: EstimatorOutput, reach: list[np.ndarray]
+                    ) -> list[RowAdvantages]:
+    """One `RowAdvantages` per input step, in input order, the loss mask applied (None: every token)."""
+    position = {step.row_id: r for r, step in enumerate(units.rows)}
+    out = []
+    for step in units.steps:
         r = position[step.row_id]
         mask = np.ones(step.n_tokens) if step.loss_mask is None else step.loss_mask
-        tokens = np.asarray(output.token_advantages[r], np.float64) * mask  # float64; tables store float32
-        n_diff = int(np.count_nonzero(diff_covered[r] & (mask != 0)))
-        for name, value in (
-            ("row_id", step.row_id),
-            ("traj_id", step.traj_id),
-            ("task_id", step.task_id),
-            ("estimator", settings.estimator),
-            ("lam", settings.lam),
-            ("episode_advantage", float(output.episode_advantage[r])),
-            ("token_advantages", tokens),
-            ("loss_mask", mask.astype(np.int8)),
-            ("n_diff_tokens", n_diff),
-        ):
-            advantages[name].append(value)
-    return CreditResult(subdiffs, anchor_cols, member_cols, advantages, Diagnostics())
+        tokens = np.asarray(output.token_advantages[r], np.float64) * mask
+        n_diff = int(np.count_nonzero(reach[r] & (mask != 0)))
+        episode = float(output.episode_advantage[r])
+        out.append(RowAdvantages(step, episode, tokens, mask.astype(np.int8), n_diff))
+    return out

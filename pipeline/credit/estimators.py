@@ -1,4 +1,4 @@
-"""Advantage estimators with one signature (DESIGN.md step 11).
+"""Advantage estimators with one signature (step 9 of `pipeline/credit/batch.py`).
 
 Every estimator maps an `EstimatorBatch` (N rows of G trajectories of several tasks) to an
 `EstimatorOutput`: one episode-level advantage per row and per-token advantages per row (before the loss

@@ -1,4 +1,5 @@
-"""Token projection from exact character offsets (DESIGN.md step 10), and placement into padded batches.
+"""Token projection from exact character offsets (step 8 of `pipeline/credit/batch.py`), and placement into
+padded batches.
 
 Every token carries the character span [start, end) of the response it decodes to (the tokenizer's offset
 mapping). A diff-level value lands on a token iff the token's span shares at least one character with a

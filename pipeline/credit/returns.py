@@ -1,4 +1,4 @@
-"""Discounted returns of trajectories (DESIGN.md step 7)."""
+"""Discounted returns of trajectories (step 2 of `pipeline/credit/batch.py`)."""
 
 from __future__ import annotations
 

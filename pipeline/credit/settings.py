@@ -1,4 +1,4 @@
-"""Settings of the credit stage (DESIGN.md "The algorithm", steps 2 to 11).
+"""Settings of the credit stage (the steps of `pipeline/credit/batch.py`).
 
 Defaults are DESIGN.md's. Caps bound the work a single pathological step can cause (a 100,000-line
 rewrite, a file that does not parse): beyond a cap the affected change keeps its episode-level credit only,

@@ -61,7 +61,7 @@ def test_edit_scores_keep_row_level_ties(fidelity):
 
     starts, ends = np.arange(0, 14, 2), np.arange(2, 16, 2)  # 7 tokens of 2 characters
     step = SimpleNamespace(row_id="r", token_char_starts=starts, token_char_ends=ends)
-    result = SimpleNamespace(advantages={"row_id": ["r"], "token_advantages": [np.full(7, 0.1)]})
+    result = SimpleNamespace(advantages=[SimpleNamespace(step=step, token_advantages=np.full(7, 0.1))])
     edits = [
         fidelity.EditRecord("t", "p", "t#0", "r", "fix", ("s.py", 0), "x\n", (0, 2), 0.5),
         fidelity.EditRecord("t", "p", "t#0", "r", "harm", ("s.py", 1), "y\n", (2, 8), -0.5),

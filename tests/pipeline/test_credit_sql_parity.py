@@ -30,6 +30,7 @@ from pipeline import schema
 from pipeline.agent.grammar import Action, Edit, action_json, apply_action, parse_response, render_action
 from pipeline.credit import CreditSettings, compute_credit
 from pipeline.credit.returns import returns_to_go
+from pipeline.credit_io import result_columns
 from pipeline.sqlrun import run_query, sql_advantages
 from pipeline.tasks import load_source
 from workflows.credit_cmd import steps_from_table, write_credit
@@ -154,9 +155,9 @@ def write_round(folder: Path, steps: pa.Table, settings: CreditSettings):
 def assert_same_advantages(folder: Path, result, lam: float, mode: str) -> None:
     """Every number of the advantages table and every A^D agree between the Python core and SQL."""
     sql = {r["row_id"]: r for r in sql_advantages(folder, lam=lam, adv_norm=mode).to_pylist()}
-    py = {row_id: {name: result.advantages[name][i] for name in result.advantages}
-          for i, row_id in enumerate(result.advantages["row_id"])}
-    assert sql.keys() == py.keys() and len(py) == len(result.advantages["row_id"])
+    adv = result_columns(result, "advantages")
+    py = {row_id: {name: adv[name][i] for name in adv} for i, row_id in enumerate(adv["row_id"])}
+    assert sql.keys() == py.keys() and len(py) == len(adv["row_id"])
     for row_id, p in py.items():
         s = sql[row_id]
         assert (s["traj_id"], s["task_id"], s["estimator"]) == (p["traj_id"], p["task_id"], p["estimator"])
@@ -166,7 +167,7 @@ def assert_same_advantages(folder: Path, result, lam: float, mode: str) -> None:
         assert s["n_diff_tokens"] == p["n_diff_tokens"], row_id
     sql_diff = {(r["anchor_id"], r["subdiff_id"]): r["diff_advantage"]
                 for r in run_query(folder, "advantages_diff", {"adv_norm": mode}).to_pylist()}
-    members = result.anchor_members
+    members = result_columns(result, "anchor_members")
     py_diff = dict(zip(zip(members["anchor_id"], members["subdiff_id"], strict=True), members["diff_advantage"],
                        strict=True))
     assert sql_diff.keys() == py_diff.keys()
@@ -179,14 +180,14 @@ def assert_same_advantages(folder: Path, result, lam: float, mode: str) -> None:
 def test_python_and_sql_agree_on_a_realistic_round(steps_table, tmp_path, lam, mode) -> None:
     result = write_round(tmp_path, steps_table, CreditSettings(lam=lam, adv_norm=mode))
     assert_same_advantages(tmp_path, result, lam, mode)
-    n_diff = sum(result.advantages["n_diff_tokens"])
+    n_diff = sum(a.n_diff_tokens for a in result.advantages)
     assert n_diff > 100 if lam else n_diff == 0  # lam = 0: no token receives a diff-level term
 
 
 def test_the_round_exercises_every_rule(steps_table, tmp_path) -> None:
     """The realistic round holds the cases the rules settle, so the parity above is not vacuous."""
     result = write_round(tmp_path, steps_table, CreditSettings())
-    sub, members, anchors = result.subdiffs, result.anchor_members, result.anchors
+    sub, members, anchors = (result_columns(result, t) for t in ("subdiffs", "anchor_members", "anchors"))
     index = {sid: i for i, sid in enumerate(sub["subdiff_id"])}
     anchored = [index[s] for s in members["subdiff_id"]]
     assert len(anchors["anchor_id"]) >= 6 and len(set(anchors["task_id"])) == len(TASKS)
@@ -206,7 +207,7 @@ def test_the_round_exercises_every_rule(steps_table, tmp_path) -> None:
 
 def _shared_tokens(result) -> dict[tuple[str, int], set[str]]:
     """(row_id, token) -> the anchors whose occurrences in that row hold the token."""
-    sub, members = result.subdiffs, result.anchor_members
+    sub, members = result_columns(result, "subdiffs"), result_columns(result, "anchor_members")
     index = {sid: i for i, sid in enumerate(sub["subdiff_id"])}
     holders: dict[tuple[str, int], set[str]] = {}
     for anchor_id, sid in zip(members["anchor_id"], members["subdiff_id"], strict=True):
@@ -237,7 +238,7 @@ def test_ties_on_a_shared_token_are_broken_the_same_way(tmp_path, d) -> None:
         result = write_round(folder, schema.to_arrow("steps", rows), CreditSettings(lam=lam, adv_norm=mode))
         shared = _shared_tokens(result)
         assert shared, "the round must hold a token that two anchors share"
-        gs = dict(zip(result.anchors["anchor_id"], result.anchors["gs"], strict=True))
+        gs = {a.anchor_id: a.gs for a in result.anchors}
         assert all(len({gs[x] for x in anchors}) == 1 for anchors in shared.values())
         assert_same_advantages(folder, result, lam, mode)
 

@@ -160,12 +160,12 @@ def test_the_stored_advantages_are_the_credit_paths_and_sql_recomputes_them(full
     """The table the trainer reads is the credit core's (through Beam, per task); the DuckDB recomputation
     over the round's tables agrees with it (the parity check that is all the SQL path is for now)."""
     from pipeline.credit import compute_credit
-    from pipeline.credit_io import steps_from_table
+    from pipeline.credit_io import result_columns, steps_from_table
     from pipeline.sqlrun import sql_advantages
 
     cfg, res = full_round
     steps = schema.read_table(schema.table_dir(res.round_dir, "steps"), "steps")
-    python = compute_credit(steps_from_table(steps), cfg.credit).advantages
+    python = result_columns(compute_credit(steps_from_table(steps), cfg.credit), "advantages")
     stored = schema.read_table(schema.table_dir(res.round_dir, "advantages"), "advantages").to_pylist()
     sql = {r["row_id"]: r for r in sql_advantages(res.round_dir, lam=cfg.credit.lam,
                                                   adv_norm=cfg.credit.adv_norm).to_pylist()}

@@ -118,7 +118,7 @@ def _left_padded(records, experience_cls, micro: int):
 
 def _expected(records, settings):
     result = compute_credit([step_input(r) for r in records], settings)
-    return {row: result.token_advantages(row) for row in result.advantages["row_id"]}, result
+    return {a.step.row_id: a.token_advantages for a in result.advantages}, result
 
 
 def _check_aligned(experiences, records, expected):
@@ -141,12 +141,12 @@ def _check_aligned(experiences, records, expected):
 def test_advantages_equal_offline_core_token_for_token(records, experience_cls, layout):
     settings = CreditSettings()
     expected, offline = _expected(records, settings)
-    assert offline.diagnostics.n_anchors > 0 and max(offline.advantages["n_diff_tokens"]) > 0  # anchors formed
+    assert offline.diagnostics.n_anchors > 0 and max(a.n_diff_tokens for a in offline.advantages) > 0  # anchors formed
     make = _right_padded if layout == "right" else _left_padded
     experiences = make(records, experience_cls, micro=3)
     result = didpo_advantages(experiences, settings)
     _check_aligned(experiences, records, expected)
-    assert result.advantages["row_id"] == [r["row_id"] for r in records]
+    assert [a.step.row_id for a in result.advantages] == [r["row_id"] for r in records]
     # the diff-level term reaches the tokens: some row's tokens are not all its episode advantage
     assert any(not np.allclose(expected[r["row_id"]], expected[r["row_id"]][0]) for r in records)
 

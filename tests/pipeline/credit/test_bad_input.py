@@ -10,6 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from pipeline.credit import CreditInputError, CreditSettings, compute_credit, register_estimator
+from pipeline.credit_io import result_columns
 
 
 def _task(make_step, files_after_by_rollout, rewards, files_before=None, tokenizer=None):
@@ -28,14 +29,14 @@ def test_empty_and_whitespace_only_diffs_get_episode_credit_only(make_step):
     )
     result = compute_credit(steps)
     assert result.diagnostics.n_candidates == 0 and result.diagnostics.n_anchors == 0
-    for step, a_e in zip(steps, result.advantages["episode_advantage"], strict=True):
-        np.testing.assert_array_equal(result.token_advantages(step.row_id), a_e)
+    for step, row in zip(steps, result.advantages, strict=True):
+        np.testing.assert_array_equal(result.token_advantages(step.row_id), row.episode_advantage)
     assert result.diagnostics.coverage == 0.0
 
 
 def test_no_steps_at_all():
     result = compute_credit([])
-    assert result.advantages["row_id"] == [] and result.diagnostics.n_rows == 0
+    assert result.advantages == [] and result.diagnostics.n_rows == 0
 
 
 def test_surrogates_from_non_utf8_bytes(make_step):
@@ -44,7 +45,7 @@ def test_surrogates_from_non_utf8_bytes(make_step):
     steps = [replace(s, response_text=s.response_text + "\udcff") for s in steps]
     result = compute_credit(steps)
     assert result.diagnostics.n_anchors >= 1
-    assert all(math.isfinite(v) for row in result.advantages["token_advantages"] for v in row)
+    assert all(math.isfinite(v) for row in result.advantages for v in row.token_advantages)
 
 
 def test_huge_rewrite_is_capped_with_a_defined_result(make_step, fast_tokenizer):
@@ -63,7 +64,7 @@ def test_two_line_change_in_a_huge_rewrite_is_a_two_line_diff(make_step, fast_to
     after[50_000], after[50_002] = "value_50000 = -1\n", "value_50002 = -1\n"
     steps = _task(make_step, ["".join(after)] * 3, [1.0, 0.0, 0.0], {"a.py": "".join(lines)}, fast_tokenizer)
     result = compute_credit(steps, CreditSettings(window_sizes=()))
-    sub = result.subdiffs
+    sub = result_columns(result, "subdiffs")
     rows0 = [i for i, r in enumerate(sub["row_id"]) if r == "r0"]
     # Two replaced lines: each is one deleted and one added line; the 99,998 unchanged lines are no diff.
     expected = {(kind, line) for kind in ("add", "del") for line in (50_000, 50_002)}
@@ -71,10 +72,10 @@ def test_two_line_change_in_a_huge_rewrite_is_a_two_line_diff(make_step, fast_to
     # Both new lines canonicalize to "v0 = - 1": one anchor with two occurrences per row; the deleted
     # lines differ ("... = 50000" / "... = 50002"): two anchors. All 12 occurrences are members.
     assert result.diagnostics.n_anchors == 3 and result.diagnostics.caps == {}
-    assert len(result.anchor_members["subdiff_id"]) == 12
+    assert len(result_columns(result, "anchor_members")["subdiff_id"]) == 12
     # Only the tokens (here: lines) that wrote the two new lines carry the diff-level term.
     step = steps[0]
-    diff_term = result.token_advantages("r0") - result.advantages["episode_advantage"][0]
+    diff_term = result.token_advantages("r0") - result.advantages[0].episode_advantage
     written = {
         step.response_text[s:e]
         for s, e, d in zip(step.token_char_starts, step.token_char_ends, diff_term, strict=True)

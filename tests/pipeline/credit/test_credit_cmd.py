@@ -72,9 +72,9 @@ def test_command_writes_the_four_tables_matching_the_library(tmp_path, steps_dir
     assert run.exit_code == 0, run.output
     advantages = read_table(out / "advantages", "advantages").to_pylist()
     expected = compute_credit(same_function_batch, CreditSettings(lam=0.5))
-    assert [a["row_id"] for a in advantages] == expected.advantages["row_id"]
-    for got, want in zip(advantages, expected.advantages["token_advantages"], strict=True):
-        np.testing.assert_allclose(got["token_advantages"], want, rtol=1e-6)
+    assert [a["row_id"] for a in advantages] == [a.step.row_id for a in expected.advantages]
+    for got, want in zip(advantages, expected.advantages, strict=True):
+        np.testing.assert_allclose(got["token_advantages"], want.token_advantages, rtol=1e-6)
         assert math.isclose(got["lam"], 0.5)
     anchors = read_table(out / "anchors", "anchors")
     assert anchors.num_rows == 1 and anchors.column("n_rows").to_pylist() == [4]

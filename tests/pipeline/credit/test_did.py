@@ -70,7 +70,7 @@ def _mean_on(result, step, text: str) -> float:
 def _scale(result, y: np.ndarray, settings) -> float:
     """What turns an effect on y into A^E's units: std of the returns (mean_norm) over the std of y."""
     # A^E = R - mean R under mean_norm, one value per trajectory: its spread is the returns'
-    a_e = dict(zip(result.advantages["traj_id"], result.advantages["episode_advantage"], strict=True))
+    a_e = {a.step.traj_id: a.episode_advantage for a in result.advantages}
     spread = 1.0 if settings.adv_norm == "mean_std_norm" else float(np.std(list(a_e.values())))
     return spread / (float(y.std()) + settings.std_eps)
 
@@ -82,7 +82,7 @@ def _effects(make_step, **options):
     settings = CreditSettings(estimator="didpo_did", lam=1.0, **options)
     result = compute_credit(steps, settings)
     y = np.array([s.visible_pass_fraction for s in steps])
-    a_e = dict(zip(result.advantages["row_id"], result.advantages["episode_advantage"], strict=True))
+    a_e = {a.step.row_id: a.episode_advantage for a in result.advantages}
 
     def credit(text, name):
         return [_mean_on(result, s, text) - a_e[s.row_id] for s, names in _applied(steps) if name in names]
@@ -142,8 +142,8 @@ def test_lambda_zero_is_the_episode_estimator(make_step):
     steps = _known_batch(make_step)
     did = compute_credit(steps, CreditSettings(estimator="didpo_did", lam=0.0))
     episode = compute_credit(steps, CreditSettings(estimator="dr_grpo"))
-    for a, b in zip(did.advantages["token_advantages"], episode.advantages["token_advantages"], strict=True):
-        np.testing.assert_allclose(a, b, atol=1e-12)
+    for a, b in zip(did.advantages, episode.advantages, strict=True):
+        np.testing.assert_allclose(a.token_advantages, b.token_advantages, atol=1e-12)
 
 
 def test_a_change_that_switches_no_unit_keeps_the_episode_advantage(make_step):
@@ -154,9 +154,9 @@ def test_a_change_that_switches_no_unit_keeps_the_episode_advantage(make_step):
                         [("replace", "solution.py", "    c = 0\n", "    c  =  0\n")])
     steps.append(dataclasses.replace(step, visible_pass_fraction=START))
     result = compute_credit(steps, CreditSettings(estimator="didpo_did"))
-    i = result.advantages["row_id"].index("z0")
-    np.testing.assert_allclose(result.advantages["token_advantages"][i], result.advantages["episode_advantage"][i])
-    assert result.advantages["n_diff_tokens"][i] == 0
+    row = next(a for a in result.advantages if a.step.row_id == "z0")
+    np.testing.assert_allclose(row.token_advantages, row.episode_advantage)
+    assert row.n_diff_tokens == 0
 
 
 def test_line_units_are_relative_to_the_start_and_cover_written_and_quoted_lines(make_step):
@@ -191,8 +191,8 @@ def test_outcome_only_reads_the_final_workspaces(make_step):
     steps = [dataclasses.replace(s, visible_pass_fraction=None) for s in _known_batch(make_step)]
     blind = compute_credit(steps, CreditSettings(estimator="didpo_did"))
     asked = compute_credit(_known_batch(make_step), CreditSettings(estimator="didpo_did", did_outcome="return"))
-    for a, b in zip(blind.advantages["token_advantages"], asked.advantages["token_advantages"], strict=True):
-        np.testing.assert_allclose(a, b, atol=1e-12)
+    for a, b in zip(blind.advantages, asked.advantages, strict=True):
+        np.testing.assert_allclose(a.token_advantages, b.token_advantages, atol=1e-12)
     for s in steps:
         if FIX[1] in s.response_text and MUT[1] in s.response_text:
             assert _mean_on(blind, s, FIX[1]) > _mean_on(blind, s, MUT[1])

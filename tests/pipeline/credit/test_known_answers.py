@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from pipeline.credit import ESTIMATORS, CreditSettings, compute_credit, groupability
+from pipeline.credit_io import result_columns
 
 
 def _function_token_mask(step, FUNCTION) -> np.ndarray:
@@ -116,7 +117,7 @@ def test_returns_are_discounted_per_trajectory(make_step):
     steps = [build_step(f"a{t}", "a", "demo/D", t, r, {}, [])[0] for t, r in enumerate([1.0, 0.0, 2.0])]
     steps.append(build_step("b0", "b", "demo/D", 0, 0.5, {}, [])[0])
     result = compute_credit(steps, CreditSettings(estimator="dr_grpo", gamma=0.5))
-    episode = dict(zip(result.advantages["row_id"], result.advantages["episode_advantage"], strict=True))
+    episode = {a.step.row_id: a.episode_advantage for a in result.advantages}
     assert episode["a0"] == pytest.approx(0.5) and episode["a2"] == pytest.approx(0.5)
     assert episode["b0"] == pytest.approx(-0.5)
 
@@ -133,7 +134,7 @@ def test_diff_advantage_uses_return_to_go_of_the_row(make_step):
             build_step(f"{traj}1", traj, "demo/E", 1, final, base, [("replace", "m.py", fix_old, fix_new)])[0]
         )
     result = compute_credit(steps, CreditSettings(gamma=1.0, window_sizes=()))
-    members = result.anchor_members
+    members = result_columns(result, "anchor_members")
     values = dict(zip(members["row_id"], members["diff_advantage"], strict=True))
     assert values == {"p1": pytest.approx(0.5), "q1": pytest.approx(-0.5)}
     assert len(set(members["anchor_id"])) == 2  # the deleted line and the added line

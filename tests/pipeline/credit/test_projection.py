@@ -134,7 +134,7 @@ def test_batch_padding_keeps_diff_credit_on_the_changed_tokens(same_function_bat
     """The diff-level term sits on the function's tokens in a padded [B, T] batch, never on padding."""
     result = compute_credit(same_function_batch)
     rows = [result.token_advantages(s.row_id) for s in same_function_batch]
-    episode = result.advantages["episode_advantage"]
+    episode = [a.episode_advantage for a in result.advantages]
     values, mask = pad_token_batch(rows, side=side, length=max(len(r) for r in rows) + 9)
     for b, step in enumerate(same_function_batch):
         real = np.flatnonzero(mask[b])
@@ -152,9 +152,9 @@ def test_batch_padding_keeps_diff_credit_on_the_changed_tokens(same_function_bat
 
 def test_lambda_zero_puts_no_diff_term_anywhere(same_function_batch):
     result = compute_credit(same_function_batch, CreditSettings(lam=0.0))
-    for step, a_e in zip(same_function_batch, result.advantages["episode_advantage"], strict=True):
-        np.testing.assert_array_equal(result.token_advantages(step.row_id), a_e)
-    assert result.advantages["n_diff_tokens"] == [0, 0, 0, 0]
+    for step, row in zip(same_function_batch, result.advantages, strict=True):
+        np.testing.assert_array_equal(result.token_advantages(step.row_id), row.episode_advantage)
+    assert [a.n_diff_tokens for a in result.advantages] == [0, 0, 0, 0]
 
 
 def test_token_runs_are_exactly_the_tokens_touching_the_spans():

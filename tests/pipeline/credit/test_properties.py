@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline.credit import CreditSettings, assign_advantages, compute_credit, credit_units
+from pipeline.credit_io import result_columns
 
 SNIPPETS = [
     (
@@ -92,7 +93,7 @@ COMMON = settings(max_examples=25, deadline=None, suppress_health_check=[HealthC
 def test_invariants(plan, make_step):
     steps = build(plan, make_step)
     result = compute_credit(steps, CreditSettings(gamma=0.9))
-    adv = result.advantages
+    adv = result_columns(result, "advantages")
     # A^E sums to zero over the trajectories of each task group (one value per trajectory).
     per_traj = {}
     for traj, task, value in zip(adv["traj_id"], adv["task_id"], adv["episode_advantage"], strict=True):
@@ -103,7 +104,7 @@ def test_invariants(plan, make_step):
     assert all(abs(s) < 1e-9 for s in sums.values())
     # A^D sums to zero over each anchor's rows (an occurrence per row, or several sharing the row's value);
     # every anchor has n >= 2 distinct rows.
-    members = result.anchor_members
+    members = result_columns(result, "anchor_members")
     by_anchor = defaultdict(list)
     for anchor_id, row_id, value in zip(
         members["anchor_id"], members["row_id"], members["diff_advantage"], strict=True
@@ -113,9 +114,9 @@ def test_invariants(plan, make_step):
         per_row = dict(occurrences)
         assert len(per_row) == len(set(occurrences)) >= 2  # one value per row
         assert abs(sum(per_row.values())) < 1e-9
-    assert all(n >= 2 for n in result.anchors.get("n_rows", []))
+    assert all(n >= 2 for n in result_columns(result, "anchors")["n_rows"])
     # Anchors never overlap within one diff (same row, file and edit type).
-    sub = result.subdiffs
+    sub = result_columns(result, "subdiffs")
     index = {sid: i for i, sid in enumerate(sub.get("subdiff_id", []))}
     lines = defaultdict(list)
     for sid in members.get("subdiff_id", []):
@@ -145,9 +146,10 @@ def test_rollout_order_does_not_matter(plan, seed, make_step):
     shuffled = list(steps)
     seed.shuffle(shuffled)
     a, b = compute_credit(steps), compute_credit(shuffled)
-    assert a.anchors == b.anchors and a.anchor_members == b.anchor_members
-    for row_id in a.advantages["row_id"]:
-        np.testing.assert_array_equal(a.token_advantages(row_id), b.token_advantages(row_id))
+    for table in ("anchors", "anchor_members"):
+        assert result_columns(a, table) == result_columns(b, table)
+    for row in a.advantages:
+        np.testing.assert_array_equal(a.token_advantages(row.step.row_id), b.token_advantages(row.step.row_id))
 
 
 @COMMON
@@ -156,11 +158,9 @@ def test_lambda_zero_is_the_episode_estimator(plan, norm, make_step):
     steps = build(plan, make_step)
     didpo = compute_credit(steps, CreditSettings(lam=0.0, adv_norm=norm))
     episode = compute_credit(steps, CreditSettings(estimator="dr_grpo" if norm == "mean_norm" else "grpo"))
-    for a, b in zip(
-        didpo.advantages["token_advantages"], episode.advantages["token_advantages"], strict=True
-    ):
-        np.testing.assert_array_equal(a, b)
-    assert didpo.advantages["episode_advantage"] == episode.advantages["episode_advantage"]
+    for a, b in zip(didpo.advantages, episode.advantages, strict=True):
+        np.testing.assert_array_equal(a.token_advantages, b.token_advantages)
+        assert a.episode_advantage == b.episode_advantage
 
 
 @pytest.mark.parametrize("estimator", ["grpo", "rloo", "gigpo", "reinforce_pp_baseline"])
@@ -169,4 +169,4 @@ def test_non_diff_estimators_report_no_diff_tokens(estimator, make_step):
     settings = CreditSettings(estimator=estimator)
     result = assign_advantages(credit_units(build(plan, make_step), settings), settings)  # anchors computed
     assert result.diagnostics.n_anchors >= 1
-    assert result.advantages["n_diff_tokens"] == [0, 0, 0, 0]
+    assert [a.n_diff_tokens for a in result.advantages] == [0, 0, 0, 0]

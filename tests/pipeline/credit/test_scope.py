@@ -43,9 +43,7 @@ def _batch(make_step, tasks=("task/a", "task/b", "task/c")):
 
 
 def _rows(result) -> dict[str, tuple[float, np.ndarray]]:
-    a = result.advantages
-    return {r: (e, np.asarray(t)) for r, e, t in zip(a["row_id"], a["episode_advantage"], a["token_advantages"],
-                                                     strict=True)}
+    return {a.step.row_id: (a.episode_advantage, np.asarray(a.token_advantages)) for a in result.advantages}
 
 
 def _assert_same(left, right):
@@ -64,7 +62,7 @@ def test_skipping_units_changes_no_advantage(estimator, make_step):
     lean = compute_credit(steps, settings)
     full = assign_advantages(credit_units(steps, settings), settings)
     _assert_same(_rows(lean), _rows(full))
-    assert full.diagnostics.n_anchors >= 1 and len(full.subdiffs["subdiff_id"]) >= 1  # the stage's tables
+    assert full.diagnostics.n_anchors >= 1 and len(full.subdiffs) >= 1  # the stage's units
     skipped = not reads_units(settings)
     assert skipped == (not ESTIMATORS[estimator].needs_anchors)
     assert ("similarity" in lean.diagnostics.seconds) == (not skipped)
@@ -75,8 +73,8 @@ def test_lambda_zero_skips_the_units(make_step):
     settings = CreditSettings(estimator="didpo", lam=0.0)
     assert not reads_units(settings)
     result = compute_credit(_batch(make_step), settings)
-    assert result.diagnostics.n_candidates == 0 and result.subdiffs["subdiff_id"] == []
-    assert set(result.advantages["n_diff_tokens"]) == {0}
+    assert result.diagnostics.n_candidates == 0 and result.subdiffs == []
+    assert {a.n_diff_tokens for a in result.advantages} == {0}
 
 
 @pytest.mark.parametrize("estimator", sorted(ESTIMATORS))

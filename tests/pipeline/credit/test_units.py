@@ -11,6 +11,7 @@ from pipeline.credit.anchors import Cluster, cut_overlaps, facility_location
 from pipeline.credit.diffs import whole_diff
 from pipeline.credit.normalize import comparison_tokens, normalize_line
 from pipeline.credit.similarity import ShingleSets, cluster_texts, minhash_signatures
+from pipeline.credit_io import result_columns
 
 BASE = "def f(xs):\n    total = 0\n    for x in xs:\n        total += x\n    return total\n"
 
@@ -54,7 +55,8 @@ def test_exact_repeat_in_a_trajectory_carries_no_new_credit(make_step):
     s2, _ = make_step("a2", "a", "demo/0", 2, 1.0, after1, [fix])
     result = compute_credit([s0, s1, s2])
     assert result.diagnostics.n_repeated_hunks == 1
-    assert "a2" not in result.subdiffs["row_id"] and "a0" in result.subdiffs["row_id"]
+    rows = result_columns(result, "subdiffs")["row_id"]
+    assert "a2" not in rows and "a0" in rows
 
 
 def test_normalization_strips_comments_but_not_hashes_in_strings():
@@ -109,7 +111,7 @@ def test_facility_location_prefers_the_covering_anchor_and_cut_removes_overlaps(
 
 def test_subdiff_token_ranges_match_their_characters(same_function_batch):
     result = compute_credit(same_function_batch)
-    sub = result.subdiffs
+    sub = result_columns(result, "subdiffs")
     steps = {s.row_id: s for s in same_function_batch}
     checked = 0
     for i, row_id in enumerate(sub["row_id"]):

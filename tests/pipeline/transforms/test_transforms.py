@@ -79,9 +79,7 @@ def test_credit_advantages_equal_the_core_on_the_whole_batch(estimator):
     rows += [rewrite_step("t/2", i, FIX, float(i > 1)) for i in range(4)]
     settings = CreditSettings(estimator=estimator)
     whole = compute_credit([step_input(dataclasses.asdict(r), source="steps") for r in rows], settings)
-    expected = {rid: [round(float(x), 5) for x in tokens]
-                for rid, tokens in zip(whole.advantages["row_id"], whole.advantages["token_advantages"],
-                                       strict=True)}
+    expected = {a.step.row_id: [round(float(x), 5) for x in a.token_advantages] for a in whole.advantages}
     assert len({tuple(v) for v in expected.values()}) > 1  # not a degenerate batch
     with _pipeline() as p:
         out = p | beam.Create(rows) | Credit(settings)
