@@ -122,8 +122,9 @@ def main() -> None:
     from pipeline.policy.settings import PolicySettings
     from pipeline.sandbox import Judge, SandboxPool, SandboxSettings
     from pipeline.tasks import load_source
+    from training.demonstrations import sft_examples
     from training.pretrain import copy_accuracy, pretrain_files
-    from training.sft import evaluate_actions, sft_examples, train_sft
+    from training.sft import evaluate_actions, train_sft
     from training.sft_settings import SftSettings
 
     work = Path(args.work)

@@ -38,8 +38,8 @@ from typing import Any
 from pipeline.agent.episode import render_file
 from pipeline.agent.grammar import Action, render_action
 from pipeline.tasks.base import Task
+from training.demonstrations import SftExample, generation_header, mutate_line, search_replace_edits
 from training.pretrain_settings import PRETRAIN_KINDS
-from training.sft import SftExample, generation_header, mutate_line, search_replace_edits
 
 DEFAULT_PRETRAIN_MIX = MappingProxyType(
     {"code": 0.2, "quote_line": 0.3, "error_name": 0.1, "edit_line": 0.3, "apply_edit": 0.1}

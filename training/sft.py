@@ -1,369 +1,45 @@
 """Cold-start SFT: teach a fresh policy to write valid actions before RL.
 
-1. Demonstrations: every training task's reference solution becomes a short successful repair episode in
-   the action grammar, played through the real `Episode` (so each prompt is exactly the text the pipeline
-   shows at that turn). Kinds, drawn per task from a seeded mix:
-     write   one turn, <write> of the whole solution
-     edit    one turn, search/replace blocks, one per hunk of the stub -> solution diff
-     append  one turn, <append> of the body (only where the solution extends the stub at its end)
-     repair  turn 1 writes the solution with one mutated line, the tests fail, turn 2 fixes that line
-   and a solved episode may go on with a <finish/> turn. Only correct turns become training examples (the
-   mutated first turn of a repair is context, never a target).
-   Outcomes are replayed, not executed (`ReplayExecutor`): the reference passes, anything else fails. Pass
-   the real `Judge` as `executor` to show real test output instead. Optionally each response is repeated
-   with only the assistant header as prompt (`unconditioned_copies`): cheap extra signal on the grammar.
+1. Demonstrations: training/demonstrations.py (every training task's reference solution played as a short
+   successful repair episode through the real `Episode`).
 2. Training: causal-LM cross-entropy on response tokens only (each response ends with eos so generation
    stops), length-bucketed batches under a token budget (training/data.py), AdamW with warmup then
-   cosine/constant LR, gradient clipping, seeded. Saves a plain HF checkpoint and `sft_report.json` (last,
-   it marks completion); a rerun on a completed out_dir returns the stored report.
+   cosine/constant LR, gradient clipping, seeded: the one loop of training/loop.py, shared with the policy
+   update, with this loss plugged in. Saves a plain HF checkpoint and `sft_report.json` (last, atomically: it
+   marks completion); a rerun on a completed out_dir returns the stored report, a killed one resumes from
+   `out_dir/train_state` (every `save_every` steps and the end).
 3. Check: `evaluate_actions` samples first-turn responses on held-out tasks and reports the share that
    parse as actions (and apply to the workspace).
 """
 
 from __future__ import annotations
 
-import difflib
 import json
 import os
-import random
-import shutil
-import tempfile
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline.agent.episode import Episode
-from pipeline.agent.grammar import Action, Edit, InvalidAction, apply_action, parse_response, render_action
+from pipeline.agent.grammar import InvalidAction, apply_action, parse_response
 from pipeline.agent.settings import EpisodeSettings
-from pipeline.sandbox.judge import CaseResult, ExecResult
 from pipeline.tasks.base import Task
-from training.sft_settings import DEFAULT_MIX, EPISODE_KINDS, SftSettings
+from training.demonstrations import (
+    ReplayExecutor,
+    SftExample,
+    generation_header,
+    sft_examples,
+    unconditioned_examples,
+)
+from training.sft_settings import SftSettings
 
 if TYPE_CHECKING:
     from training.config import DidpoConfig
 
 REPORT_NAME = "sft_report.json"
-
-
-# ---- demonstrations ----------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SftExample:
-    """One supervised row: a prompt as the pipeline renders it and the demonstrated response."""
-
-    task_id: str
-    kind: str  # episode kind (write / edit / append / repair) or "finish" for a closing <finish/> turn
-    turn: int  # 0-based turn of the episode this response answers
-    prompt_ids: tuple[int, ...]  # tokenizer(render_prompt(...), add_special_tokens=False)
-    response_ids: tuple[int, ...]  # tokens of response_text followed by the eos id
-    response_text: str  # the rendered action (canonical grammar), without eos
-    previous: tuple[str, ...] = ()  # responses of the earlier turns (context only), to replay the episode
-
-
-def solution_files(task: Task) -> dict[str, str]:
-    """The workspace the demonstrations reach: the start files overlaid with the reference, each file ending
-    in a newline (so closing tags sit on their own line; tests pass the same)."""
-    files = dict(task.workspace)
-    for path, text in task.reference.items():
-        files[path] = text if text.endswith("\n") or not text else text + "\n"
-    return files
-
-
-class ReplayExecutor:
-    """Known outcomes without running code: a workspace equal to `solution_files(task)` passes every case,
-    any other fails its first case (an AssertionError, as the check harness reports it)."""
-
-    def run(self, task: Task, files: Mapping[str, str], *, hidden: bool = False) -> ExecResult:
-        suite = task.hidden_tests if hidden else task.visible_tests
-        total = suite.n_cases
-        names = _case_names(suite.files) or [f"case {i}" for i in range(total)]
-        names = (names + [f"case {i}" for i in range(len(names), total)])[:total]
-        if dict(files) == solution_files(task):
-            cases = tuple(CaseResult(n, True) for n in names)
-            return ExecResult("passed", total, total, 0.0, "replay", cases)
-        cases = tuple(CaseResult(n, i != 0, "" if i else "AssertionError") for i, n in enumerate(names))
-        return ExecResult("failed", total - 1, total, 0.0, "replay", cases)
-
-
-def _case_names(test_files: Mapping[str, str]) -> list[str]:
-    """'check_00.py:8: assert candidate(13,9) == True' per assert line, as the sandbox names check cases."""
-    names = []
-    for path in sorted(test_files):
-        for n, line in enumerate(test_files[path].splitlines(), 1):
-            if line.strip().startswith("assert "):
-                names.append(f"{path}:{n}: {line.strip()}")
-    return names
-
-
-def search_replace_edits(path: str, old: str, new: str) -> list[Edit]:
-    """Search/replace blocks turning `old` into `new`, one per diff hunk, applied in order.
-
-    Each block's search text is the hunk's old lines plus the fewest surrounding lines that make it occur
-    exactly once in the file as it is when the block applies (a pure insertion needs at least one).
-    """
-    edits: list[Edit] = []
-    current = old
-    while current != new:
-        a, b = current.splitlines(keepends=True), new.splitlines(keepends=True)
-        tag, i1, i2, j1, j2 = next(op for op in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes()
-                                   if op[0] != "equal")
-        lo, hi = i1, i2
-        grow_up = True
-        while not (hi > lo and _occurs_once("".join(a[lo:hi]), current)):
-            if (grow_up and lo > 0) or hi >= len(a):
-                lo -= 1
-            else:
-                hi += 1
-            grow_up = not grow_up
-            if lo < 0:  # the whole file is not unique in itself: impossible, but never loop
-                raise ValueError(f"{path}: no unique search text for the hunk at line {i1 + 1}")
-        search = "".join(a[lo:hi])
-        replace = "".join(a[lo:i1] + b[j1:j2] + a[i2:hi])
-        edits.append(Edit("replace", path, search, replace, None, (0, 0)))
-        current = current.replace(search, replace, 1)
-    return edits
-
-
-def _occurs_once(needle: str, text: str) -> bool:
-    """Exactly one occurrence, overlapping ones included (str.count skips overlaps: "aa" in "aaa" is 1)."""
-    first = text.find(needle)
-    return first >= 0 and text.find(needle, first + 1) < 0
-
-
-def mutate_line(text: str, candidates: Sequence[int], rng: random.Random) -> tuple[str, int] | None:
-    """`text` with one bug of the repair catalogue (`pipeline.tasks.repair`, every family that keeps the line)
-    on one of the candidate lines (0-based), the family drawn uniformly first; (mutated text, line) or None."""
-    from pipeline.tasks.repair import FAMILIES, apply_bugs, bug_candidates
-
-    wanted = {i + 1 for i in candidates}
-    by_family: dict[str, list] = {}
-    for bug in bug_candidates(text, tuple(f for f in FAMILIES if f != "delete_line")):
-        if bug.line in wanted:
-            by_family.setdefault(bug.family, []).append(bug)
-    if not by_family:
-        return None
-    bug = rng.choice(by_family[rng.choice(sorted(by_family))])
-    return apply_bugs(text, [bug]), bug.line - 1
-
-
-_THINK = {
-    "write": ("I write the whole of {path} with a complete `{name}`.",
-              "`{name}` has no body yet. I will write the full file.",
-              "Write {path} again, now with the implementation of `{name}`."),
-    "edit": ("I add the body of `{name}` with a search/replace edit.",
-             "`{name}` only has its signature and docstring. I replace the end of the docstring with it plus "
-             "the body.",
-             "Edit {path}: put the implementation of `{name}` below its docstring."),
-    "append": ("{path} ends with the docstring of `{name}`. I append the body.",
-               "Append the implementation of `{name}` to {path}.",
-               "The body of `{name}` is missing; it goes at the end of {path}."),
-    "bug": ("Line {line} of {path} is wrong; I fix it.",
-            "The bug in `{name}` is on line {line}.",
-            "Fix line {line} of {path}."),
-    "fix": ("The visible test fails. Line {line} of {path} is wrong; I fix it.",
-            "A test failed, so `{name}` has a bug. The mistake is on line {line}.",
-            "Fix line {line} of {path}: it makes the test fail."),
-    "finish": ("All visible tests pass. I finish.", "The tests pass; `{name}` is done.",
-               "Visible tests: all passed. Finish."),
-}
-
-
-def _think(key: str, rng: random.Random, **values: Any) -> str:
-    return rng.choice(_THINK[key]).format(**values) + "\n"
-
-
-def _action(kind: str, think: str, edits: Sequence[Edit]) -> str:
-    return render_action(Action(kind, think, (0, 0), tuple(edits)))  # type: ignore[arg-type]
-
-
-def _write_edits(before: Mapping[str, str], after: Mapping[str, str]) -> list[Edit]:
-    return [Edit("write", p, "", after[p], None, (0, 0)) for p in sorted(after) if before.get(p) != after[p]]
-
-
-def _edit_edits(before: Mapping[str, str], after: Mapping[str, str]) -> list[Edit]:
-    edits: list[Edit] = []
-    for p in sorted(after):
-        if p not in before:
-            edits.append(Edit("write", p, "", after[p], None, (0, 0)))
-        elif before[p] != after[p]:
-            edits += search_replace_edits(p, before[p], after[p])
-    return edits
-
-
-def _first_line(files: Mapping[str, str], edit: Edit) -> int:
-    """The line (1-based) of `files` where `edit` starts: its search text's, or 1 for a whole-file write."""
-    text = files.get(edit.path, "")
-    at = text.find(edit.search) if edit.op == "replace" else -1
-    return text.count("\n", 0, at) + 1 if at >= 0 else 1
-
-
-def _append_edits(before: Mapping[str, str], after: Mapping[str, str]) -> list[Edit] | None:
-    changed = [p for p in sorted(after) if before.get(p) != after[p]]
-    if not all(p in before and before[p].endswith("\n") and after[p].startswith(before[p]) for p in changed):
-        return None
-    return [Edit("insert", p, "", after[p][len(before[p]):], None, (0, 0)) for p in changed]
-
-
-def _first_turn(kind: str, task: Task, target: dict[str, str], rng: random.Random,
-                values: dict[str, Any]) -> tuple[str, str, int | None] | None:
-    """(response, episode kind, mutated line or None) of turn 1, or None when `kind` does not fit the task."""
-    before = dict(task.workspace)
-    if kind == "write":
-        return _action("write", _think("write", rng, **values), _write_edits(before, target)), "write", None
-    if kind == "edit":
-        edits = _edit_edits(before, target)
-        if "bugs" in task.meta:  # a repair task: say where the bug is, not that a body is missing
-            think = _think("bug", rng, **{**values, "line": _first_line(before, edits[0])})
-        else:
-            think = _think("edit", rng, **values)
-        return _action("edit", think, edits), "edit", None
-    if kind == "append":
-        edits = _append_edits(before, target)
-        return None if edits is None else (_action("insert", _think("append", rng, **values), edits), "append", None)
-    # repair: the first action reaches the solution but for one mutated line of the main file
-    path = values["path"]
-    old, new = before.get(path, ""), target[path]
-    added = [j for tag, _, _, j1, j2 in difflib.SequenceMatcher(None, old.splitlines(), new.splitlines(),
-                                                               autojunk=False).get_opcodes()
-             if tag in ("replace", "insert") for j in range(j1, j2)]
-    mutated = mutate_line(new, added, rng) if added else None
-    if mutated is None:
-        return None
-    wrong = {**target, path: mutated[0]}
-    edits = _write_edits(before, wrong) if rng.random() < 0.5 else _edit_edits(before, wrong)
-    kind_first = "write" if all(e.op == "write" for e in edits) else "edit"
-    return _action(kind_first, _think(rng.choice(("write", "edit")), rng, **values), edits), "repair", mutated[1]
-
-
-def _main_path(task: Task, target: Mapping[str, str]) -> str:
-    changed = [p for p in sorted(target) if task.workspace.get(p) != target[p]]
-    if not changed:
-        raise ValueError(f"task {task.task_id}: the reference equals the workspace, nothing to demonstrate")
-    module = task.visible_tests.module
-    return f"{module}.py" if module and f"{module}.py" in changed else changed[0]
-
-
-def sft_examples(
-    tasks: Sequence[Task],
-    tokenizer: Any,
-    episode_settings: EpisodeSettings,
-    *,
-    seed: int,
-    mix: Mapping[str, float] = DEFAULT_MIX,
-    finish_rate: float = 0.3,
-    episodes_per_task: int = 1,
-    executor: Any = None,
-) -> list[SftExample]:
-    """Demonstration rows of successful episodes on `tasks` (see the module docstring), in task order.
-
-    Deterministic for given inputs and seed. A kind that does not fit a task (append onto a file the
-    solution rewrites, repair without a line to mutate, a response the episode would count as truncated)
-    falls back to the next kind in the order write, edit, append, repair that fits. `executor` defaults to
-    `ReplayExecutor()`; the real `Judge` shows real test output (a mutation that still passes is then
-    demonstrated as a solved first turn).
-    """
-    unknown = sorted(set(mix) - set(EPISODE_KINDS))
-    if unknown or sum(mix.values()) <= 0 or any(w < 0 for w in mix.values()):
-        raise ValueError(f"mix {dict(mix)} must weigh the kinds {EPISODE_KINDS} with weights >= 0, one > 0")
-    if not 0.0 <= finish_rate <= 1.0:
-        raise ValueError(f"finish_rate must be in [0, 1], got {finish_rate}")
-    executor = executor if executor is not None else ReplayExecutor()
-    eos = tokenizer.eos_token_id
-    if eos is None:
-        raise ValueError("the tokenizer has no eos token: responses could never stop")
-    kinds = [k for k in EPISODE_KINDS if mix.get(k, 0) > 0]
-    weights = [mix[k] for k in kinds]
-    out: list[SftExample] = []
-    for task in tasks:
-        target = solution_files(task)
-        path = _main_path(task, target)
-        values = {"path": path, "name": task.meta.get("entry_point") or path}
-        for e in range(episodes_per_task):
-            rng = random.Random(f"{seed}|{task.task_id}|{e}")
-            wanted = rng.choices(kinds, weights)[0]
-            order = [wanted] + [k for k in EPISODE_KINDS if k != wanted]
-            for kind in order:
-                rows = _episode_rows(kind, task, target, rng, values, tokenizer, episode_settings, executor,
-                                     finish_rate, eos)
-                if rows is not None:
-                    out += rows
-                    break
-    return out
-
-
-def _episode_rows(kind, task, target, rng, values, tokenizer, settings, executor, finish_rate, eos):
-    first = _first_turn(kind, task, target, rng, values)
-    if first is None:
-        return None
-    response, episode_kind, mutated_line = first
-    episode = Episode(task, executor, settings, tokenizer)
-    rows: list[SftExample] = []
-    played: list[str] = []
-
-    def play(text: str, row_kind: str, train: bool) -> bool:
-        prompt = episode.render_prompt(tokenizer)
-        response_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-        if len(response_ids) >= settings.max_response_tokens:
-            return False  # the pipeline would cut this response: never demonstrate it
-        turn = episode.state.turn
-        step = episode.step(text)
-        if step.action_status != "ok":
-            raise ValueError(f"task {task.task_id}: demonstration turn {turn} is invalid ({step.action_status}): "
-                             f"{step.observation}")
-        if train:
-            rows.append(SftExample(task.task_id, row_kind, turn,
-                                   tuple(tokenizer(prompt, add_special_tokens=False)["input_ids"]),
-                                   (*response_ids, eos), text, tuple(played)))
-        played.append(text)
-        return True
-
-    if not play(response, episode_kind, train=mutated_line is None):
-        return None
-    state = episode.state
-    if mutated_line is not None and not state.done and state.visible_passed < state.visible_total:
-        fix = _edit_edits(state.files, target)
-        text = _action("edit", _think("fix", rng, line=mutated_line + 1, **values), fix)
-        if not play(text, "repair", train=True):
-            return None
-    state = episode.state
-    if not rows:
-        return None
-    solved = state.visible_total > 0 and state.visible_passed == state.visible_total
-    if (solved and not state.done and state.turn + 1 >= settings.min_turns_before_finish
-            and rng.random() < finish_rate):
-        play(_action("finish", _think("finish", rng, **values), ()), "finish", train=True)
-    return rows
-
-
-def generation_header(tokenizer: Any) -> tuple[int, ...]:
-    """Token ids the chat template adds to open the assistant's turn (e.g. "<|im_start|>assistant\n"): the
-    difference between a conversation rendered with and without the generation prompt."""
-    chat = [{"role": "user", "content": "x"}]
-    with_prompt = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
-    without = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=False)
-    if not with_prompt.startswith(without) or with_prompt == without:
-        raise ValueError("the chat template's generation prompt is not a suffix of the conversation")
-    return tuple(tokenizer(with_prompt[len(without):], add_special_tokens=False)["input_ids"])
-
-
-def unconditioned_examples(examples: Sequence[SftExample], copies: int, header: Sequence[int]) -> list[SftExample]:
-    """Every response `copies` more times with only the assistant header as its prompt (kind "unconditioned").
-
-    Why: for a small policy trained from scratch on a CPU budget the prompt is most of every sequence, so
-    the grammar is learnt from few loss tokens. Prompt-free rows are short and pack many to a batch: the same
-    compute gives several times the signal on how a response is laid out, and the response still starts
-    right after the header as it does after a full prompt (`generation_header`).
-    """
-    if copies < 0:
-        raise ValueError(f"copies must be >= 0, got {copies}")
-    if not header:
-        raise ValueError("the assistant header is empty: the first response token would have no context")
-    return [SftExample(e.task_id, "unconditioned", e.turn, tuple(header), e.response_ids, e.response_text)
-            for e in examples for _ in range(copies)]
 
 
 # ---- training ----------------------------------------------------------------------------------------------
@@ -378,7 +54,7 @@ class SftStepMetrics:
     lr: float
     response_tokens: int  # tokens trained on (loss tokens)
     tokens: int  # real tokens processed (prompt + response)
-    tokens_per_s: float  # tokens / seconds of this step
+    tokens_per_s: float  # tokens / compute seconds of this step
 
 
 @dataclass
@@ -392,10 +68,12 @@ class SftReport:
     total_steps: int
     first_loss: float
     final_loss: float  # mean over the last min(5, steps) steps
-    steps: list[SftStepMetrics] = field(default_factory=list)
-    wall: dict[str, float] = field(default_factory=dict)  # train_s, save_s, total_s
+    steps: list[SftStepMetrics] = field(default_factory=list)  # every step, those before a kill included
+    wall: dict[str, float] = field(default_factory=dict)  # train_s, save_s, total_s (this call)
     settings: dict[str, Any] = field(default_factory=dict)
     evaluation: dict[str, Any] | None = None  # filled by callers that evaluate (workflows/sft_cmd.py)
+    completed: bool = True  # False: stopped by train_sft's max_steps, resumable (no report file written)
+    resumed_from_step: int | None = None  # step this call resumed a killed run from, or None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
@@ -420,28 +98,53 @@ def response_token_loss(logits: Any, input_ids: Any, loss_mask: Any) -> tuple[An
     return (nll * loss_mask).sum(), loss_mask.sum()
 
 
+def sft_loss(model: Any) -> Any:
+    """The SFT loss plugged into the one loop: `loss_fn(batch) -> (mean response-token NLL, metrics)`."""
+
+    def loss_fn(batch: Any) -> tuple[Any, dict[str, float]]:
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+        loss_sum, n = response_token_loss(logits, batch.input_ids, batch.loss_mask)
+        loss = loss_sum / n
+        return loss, {"loss": float(loss.detach()), "response_tokens": float(n)}
+
+    return loss_fn
+
+
 def _plan_id(examples: Sequence[SftExample], settings: SftSettings, checkpoint: Path) -> str:
     from pipeline.schema import content_id
 
+    # save_every changes when the state is saved, not what is trained: it is not part of the plan
     return content_id([(e.prompt_ids, e.response_ids) for e in examples],
-                      settings.model_dump(mode="json", exclude={"tasks"}), checkpoint.name)
+                      settings.model_dump(mode="json", exclude={"tasks", "save_every"}), checkpoint.name)
 
 
 def train_sft(checkpoint_in: str | os.PathLike[str], out_dir: str | os.PathLike[str],
-              examples: Sequence[SftExample], settings: SftSettings) -> SftReport:
+              examples: Sequence[SftExample], settings: SftSettings, *, max_steps: int | None = None) -> SftReport:
     """Fine-tune `checkpoint_in` on `examples` into a plain HF checkpoint at `out_dir` (see module docstring).
 
-    Refuses a non-empty out_dir unless it holds a completed SFT of the same examples and settings, whose
-    stored report is then returned unchanged. Writes into a temporary sibling and renames it into place.
-    The caller sets torch's thread count.
+    The completion protocol of training/loop.py: a completed SFT of the same examples and settings in out_dir
+    is returned as stored (another is refused); a killed one resumes from `out_dir/train_state`; any other
+    non-empty out_dir is refused. `max_steps` caps the optimizer steps of this call (the state is saved and
+    the report says completed=False). The caller sets torch's thread count.
     """
     import numpy as np
     import torch
 
     from pipeline.policy.loading import check_checkpoint, load_policy
-    from pipeline.telemetry import MetricsLog, progress
+    from pipeline.telemetry import MetricsLog
     from training.data import TrainRow, collate, epoch_plan, pack_by_length
-    from training.trainer import copy_tokenizer, lr_factor
+    from training.loop import (
+        STATE_DIR,
+        Run,
+        TorchOptimization,
+        TorchState,
+        check_out_dir,
+        lr_scheduler,
+        run_steps,
+        stored_report,
+        write_report,
+    )
+    from training.trainer import copy_tokenizer
 
     t_start = time.perf_counter()
     init = check_checkpoint(checkpoint_in)
@@ -450,16 +153,18 @@ def train_sft(checkpoint_in: str | os.PathLike[str], out_dir: str | os.PathLike[
     bad = [e.task_id for e in examples if not e.prompt_ids or not e.response_ids]
     if bad:
         raise ValueError(f"SFT examples with an empty prompt or response: {bad[:5]}")
+    if max_steps is not None and max_steps < 0:
+        raise ValueError(f"max_steps must be >= 0 or None, got {max_steps}")
     out = Path(out_dir)
     plan_id = _plan_id(examples, settings, init)
-    if (out / REPORT_NAME).is_file():
-        stored = SftReport.from_json((out / REPORT_NAME).read_text())
+    text = stored_report(out, REPORT_NAME)
+    if text is not None:
+        stored = SftReport.from_json(text)
         if stored.plan_id != plan_id:
             raise FileExistsError(f"{out} holds an SFT of other examples or settings (plan {stored.plan_id}); "
                                   "choose another out_dir")
         return stored
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise FileExistsError(f"{out} exists and is not an empty directory; choose another out_dir")
+    check_out_dir(out)
 
     rows = [TrainRow(row_id=f"{i:08d}", task_id=e.task_id, traj_id=e.task_id,
                      prompt_ids=np.asarray(e.prompt_ids, dtype=np.int64),
@@ -473,70 +178,59 @@ def train_sft(checkpoint_in: str | os.PathLike[str], out_dir: str | os.PathLike[
     total = per_epoch * settings.epochs
     if settings.max_steps is not None:
         total = min(total, settings.max_steps)
+    plans: dict[int, list[list[int]]] = {}
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
-        metrics_log = MetricsLog(staging)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(settings.seed)
-            model = load_policy(init, dtype="float32", device="cpu")
-            model.config.use_cache = False
-            model.train()
-            optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, betas=settings.adam_betas,
-                                          weight_decay=settings.weight_decay)
-            scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(
-                s, warmup=settings.warmup_steps, total=total, schedule=settings.schedule,
-                min_ratio=settings.min_lr_ratio))
-            steps: list[SftStepMetrics] = []
-            plans = {}
-            t_train = time.perf_counter()
-            for step in progress(range(total), "sft", total=total):
-                epoch, k = divmod(step, per_epoch)
-                if epoch not in plans:
-                    plans[epoch] = epoch_plan(buckets, settings.seed, epoch)
-                idx = plans[epoch][k]
-                t0 = time.perf_counter()
-                batch = collate([rows[i] for i in idx], idx, pad_id=0)
-                out_logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
-                loss_sum, n = response_token_loss(out_logits, batch.input_ids, batch.loss_mask)
-                loss = loss_sum / n
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                clip = settings.grad_clip if settings.grad_clip > 0 else float("inf")
-                grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip))
-                lr = scheduler.get_last_lr()[0]
-                optimizer.step()
-                scheduler.step()
-                dt = time.perf_counter() - t0
-                m = SftStepMetrics(step=step + 1, epoch=epoch, loss=float(loss.detach()), grad_norm=grad_norm,
-                                   lr=lr, response_tokens=int(n), tokens=batch.n_tokens,
-                                   tokens_per_s=batch.n_tokens / dt if dt > 0 else 0.0)
-                steps.append(m)
-                metrics_log.log("sft", step + 1, loss=m.loss, grad_norm=m.grad_norm, lr=m.lr,
-                                tokens_per_s=m.tokens_per_s)
-            train_s = time.perf_counter() - t_train
+    def fetch(epoch: int, k: int) -> Any:
+        if epoch not in plans:
+            plans[epoch] = epoch_plan(buckets, settings.seed, epoch)
+        idx = plans[epoch][k]
+        return collate([rows[i] for i in idx], idx, pad_id=0)
+
+    (out / STATE_DIR).mkdir(parents=True, exist_ok=True)  # a resumable run from here on (training/loop.py)
+    metrics_log = MetricsLog(out)
+
+    def log(r: Any) -> None:
+        metrics_log.log("sft", r.step, loss=r.metrics["loss"], grad_norm=r.grad_norm, lr=r.lr,
+                        tokens_per_s=r.tokens / r.compute_s if r.compute_s > 0 else 0.0)
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(settings.seed)
+        model = load_policy(init, dtype="float32", device="cpu")
+        model.config.use_cache = False
+        model.train()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, betas=settings.adam_betas,
+                                      weight_decay=settings.weight_decay)
+        scheduler = lr_scheduler(optimizer, settings, total)
+        run = Run(label="sft", total_steps=total, steps_per_epoch=per_epoch, batches_per_epoch=per_epoch,
+                  micro_batches_per_step=1, fetch=fetch, tokens=lambda b: b.n_tokens, state_dir=out / STATE_DIR,
+                  plan_id=plan_id, save_every=settings.save_every, metric_names=("loss", "response_tokens"))
+        t_train = time.perf_counter()
+        result = run_steps(run, sft_loss(model), TorchOptimization(model, optimizer, scheduler, settings.grad_clip),
+                           TorchState(model, optimizer, scheduler), max_steps=max_steps, on_step=log)
+        train_s = time.perf_counter() - t_train - result.wall["save_s"]
+    save_s = result.wall["save_s"]
+    if result.completed:
         t0 = time.perf_counter()
-        model.save_pretrained(staging)
-        copy_tokenizer(init, staging)
-        save_s = time.perf_counter() - t0
-        tail = steps[-5:]
-        report = SftReport(
-            out_dir=str(out), checkpoint_in=str(init), plan_id=plan_id, n_examples=len(examples),
-            examples_by_kind=dict(sorted(Counter(e.kind for e in examples).items())),
-            response_tokens=sum(len(e.response_ids) for e in examples), total_steps=total,
-            first_loss=steps[0].loss, final_loss=sum(s.loss for s in tail) / len(tail), steps=steps,
-            wall={"train_s": train_s, "save_s": save_s, "total_s": time.perf_counter() - t_start},
-            settings=settings.model_dump(mode="json"),
-        )
-        (staging / REPORT_NAME).write_text(report.to_json() + "\n")  # last: marks a complete SFT
-        staging.chmod(0o755)
-        if out.exists():
-            out.rmdir()  # empty (checked above)
-        staging.rename(out)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+        model.save_pretrained(out)
+        copy_tokenizer(init, out)
+        save_s += time.perf_counter() - t0
+    steps = [SftStepMetrics(step=r.step, epoch=r.epoch, loss=r.metrics["loss"], grad_norm=r.grad_norm, lr=r.lr,
+                            response_tokens=int(r.metrics["response_tokens"]), tokens=r.tokens,
+                            tokens_per_s=r.tokens / r.compute_s if r.compute_s > 0 else 0.0)
+             for r in result.history]
+    tail = steps[-5:]
+    report = SftReport(
+        out_dir=str(out), checkpoint_in=str(init), plan_id=plan_id, n_examples=len(examples),
+        examples_by_kind=dict(sorted(Counter(e.kind for e in examples).items())),
+        response_tokens=sum(len(e.response_ids) for e in examples), total_steps=total,
+        first_loss=steps[0].loss if steps else float("nan"),
+        final_loss=sum(s.loss for s in tail) / len(tail) if tail else float("nan"), steps=steps,
+        wall={"train_s": train_s, "save_s": save_s, "total_s": time.perf_counter() - t_start},
+        settings=settings.model_dump(mode="json"), completed=result.completed,
+        resumed_from_step=result.resumed_from,
+    )
+    if result.completed:
+        write_report(out, REPORT_NAME, report.to_json() + "\n")  # last: marks a complete SFT
     return report
 
 

@@ -86,6 +86,10 @@ class SftSettings(BaseModel):
         4096, gt=0, description="token budget of one batch, counting padding (rows x longest row)"
     )
     grad_clip: float = Field(1.0, ge=0.0, description="global gradient-norm clip; 0 = off")
+    save_every: int = Field(
+        0, ge=0, description="save a resumable train state every N optimizer steps; 0 = end only (a killed SFT "
+        "then restarts from step 0)"
+    )
     seed: int = Field(0, ge=0, description="seed of the example mix, batch order and weights' updates")
 
     @field_validator("mix")

@@ -8,12 +8,15 @@
    reference log-probs for the k3 KL: once, with the frozen reference (default: the starting policy).
 3. Engine: the policy wrapped in `openrlhf.models.Actor`, AdamW with linear warmup then cosine/constant LR,
    gradient clipping, `deepspeed.initialize` (ZeRO-0 with gloo on CPU, the configured stage on GPU).
-4. Step: for each of `micro_batches_per_step` micro-batches,
+4. Step (the one loop of training/loop.py, shared with SFT, with this loss plugged in): for each of
+   `micro_batches_per_step` micro-batches,
        loss = PolicyLoss(logp, old_logp, A) + kl_coef * k3(logp, ref_logp) - entropy_coef * H(pi)
    backward, then one optimizer step; metrics: loss, clip fraction, approx KL, entropy, grad norm, tokens/s.
-5. State (DeepSpeed checkpoint: weights, optimizer, LR schedule + cursor and RNG) every `save_every` steps and
-   at the end; a killed update resumes at the same batch. At the end: a plain HF checkpoint (save_pretrained
-   + the starting policy's tokenizer files) and `train_report.json`, written last (it marks completion).
+5. State (training/loop.py's protocol, as SFT's: a DeepSpeed checkpoint of weights, optimizer, LR schedule
+   + step, plan id, cursor and RNG under `train_state`) every `save_every` steps and at the end; a killed
+   update resumes at the same batch. At the end: a plain HF checkpoint (save_pretrained + the starting
+   policy's tokenizer files) and `train_report.json`, written last and atomically (it marks completion),
+   after which the train state is removed.
 """
 
 from __future__ import annotations
@@ -32,12 +35,24 @@ from typing import Any
 import torch
 
 from pipeline import storage
-from pipeline.telemetry import progress_bar
 from training.data import Batch, BatchPlan, Cursor, DataCounts, RoundData, load_round
+from training.loop import (  # noqa: F401  (lr_factor, step_shard: re-exported, they were defined here)
+    STATE_DIR,
+    DeepSpeedOptimization,
+    DeepSpeedState,
+    Run,
+    check_out_dir,
+    lr_factor,
+    lr_scheduler,
+    rank_and_world,
+    run_steps,
+    step_shard,
+    stored_report,
+    write_report,
+)
 from training.settings import TrainSettings
 
 REPORT_NAME = "train_report.json"
-STATE_DIR = "train_state"
 _TOKENIZER_PREFIXES = ("tokenizer", "vocab", "merges", "special_tokens", "added_tokens", "chat_template")
 
 
@@ -53,16 +68,6 @@ def token_entropy(logits: torch.Tensor) -> torch.Tensor:
     logits = logits.float()
     return torch.logsumexp(logits, dim=-1) - (torch.softmax(logits, dim=-1) * logits).sum(dim=-1)
 
-
-def lr_factor(step: int, *, warmup: int, total: int, schedule: str, min_ratio: float) -> float:
-    """Multiplier of the peak LR at optimizer step `step` (0-based): linear warmup, then cosine or constant."""
-    if warmup > 0 and step < warmup:
-        return (step + 1) / warmup
-    if schedule == "constant":
-        return 1.0
-    span = max(1, total - warmup)
-    progress = min(1.0, (step - warmup) / span)
-    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
 # ---- report ------------------------------------------------------------------------------------------------
@@ -314,33 +319,7 @@ def _zero3(module: torch.nn.Module) -> bool:
     return any(hasattr(p, "ds_id") for p in module.parameters())
 
 
-def _rank_and_world() -> tuple[int, int]:
-    import torch.distributed as dist
-
-    return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-
-
-def step_shard(lo: int, hi: int, rank: int, world: int) -> list[int]:
-    """The micro-batches of one optimizer step, [lo, hi), that `rank` of `world` trains on: every world-th,
-    so the split depends only on the plan (never on timing), and ranks differ by at most one micro-batch."""
-    return list(range(lo + rank, hi, world))
-
-
-def _reduce_step(parts: list[dict[str, float]], tokens: int, t_compute: float, world: int
-                 ) -> tuple[dict[str, float], int, float]:
-    """One step's metrics over every rank's micro-batches: means of each metric, total tokens, the slowest
-    rank's compute seconds. With one process the local values, computed exactly as before."""
-    if world == 1:
-        return {key: sum(p[key] for p in parts) / len(parts) for key in parts[0]}, tokens, t_compute
-    import torch.distributed as dist
-
-    names = STEP_LOSS_METRICS  # the same on every rank, also on one without a micro-batch this step
-    sums = torch.tensor([len(parts), tokens, *(sum(p[k] for p in parts) for k in names)], dtype=torch.float64)
-    dist.all_reduce(sums)
-    slowest = torch.tensor([t_compute], dtype=torch.float64)
-    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    count = float(sums[0])
-    return ({k: float(v) / count for k, v in zip(names, sums[2:], strict=True)}, int(sums[1]), float(slowest[0]))
+_rank_and_world = rank_and_world
 
 
 def _grid(batch: Batch, per_row: dict[int, torch.Tensor]) -> torch.Tensor:
@@ -348,31 +327,6 @@ def _grid(batch: Batch, per_row: dict[int, torch.Tensor]) -> torch.Tensor:
 
 
 # ---- state -------------------------------------------------------------------------------------------------
-
-
-def _latest_tag(state_dir: Path) -> str | None:
-    latest = state_dir / "latest"
-    return latest.read_text().strip() if latest.is_file() else None
-
-
-def _save_state(engine: Any, state_dir: Path, step: int, cursor: Cursor, plan_id: str) -> None:
-    tag = f"step{step:06d}"
-    client = {
-        "didpo_step": step,
-        "didpo_cursor": [cursor.epoch, cursor.batch],
-        "didpo_plan": plan_id,
-        "didpo_rng": torch.get_rng_state(),
-    }
-    engine.save_checkpoint(str(state_dir), tag=tag, client_state=client)  # writes `latest` after the tag
-    rank, world = _rank_and_world()
-    if world > 1:
-        import torch.distributed as dist
-
-        dist.barrier()  # every rank has written its part of the tag before older tags go
-    if rank == 0:
-        for old in state_dir.glob("step*"):
-            if old.name != tag:
-                shutil.rmtree(old, ignore_errors=True)
 
 
 def copy_tokenizer(src: Path, dst: Path) -> None:
@@ -454,17 +408,14 @@ def _train_round(
     t_start = time.perf_counter()
     out = Path(out_dir)
     init = check_checkpoint(init_checkpoint)
-    state_dir = out / STATE_DIR
-    if (out / REPORT_NAME).is_file():
+    text = stored_report(out, REPORT_NAME)  # the completion protocol of training/loop.py
+    if text is not None:
         if not resume:
             raise FileExistsError(
                 f"{out} already holds a trained round ({REPORT_NAME}); pass resume=True to reuse it"
             )
-        return TrainReport.from_json((out / REPORT_NAME).read_text())
-    if out.is_dir() and any(out.iterdir()) and not (resume and _latest_tag(state_dir)):
-        raise FileExistsError(
-            f"{out} is not empty and holds no resumable train state; choose another out_dir"
-        )
+        return TrainReport.from_json(text)
+    check_out_dir(out, resume=resume)
     if max_steps is not None and max_steps < 0:
         raise ValueError(f"max_steps must be >= 0 or None, got {max_steps}")
 
@@ -495,16 +446,7 @@ def _train_round(
         model = load_policy(init, dtype="float32", device=str(device))
         actor = make_actor(model)
         optimizer = torch.optim.AdamW(actor.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer,
-            lambda s: lr_factor(
-                s,
-                warmup=settings.warmup_steps,
-                total=total_steps,
-                schedule=settings.schedule,
-                min_ratio=settings.min_lr_ratio,
-            ),
-        )
+        scheduler = lr_scheduler(optimizer, settings, total_steps)
         engine, _, _, _ = deepspeed.initialize(
             model=actor,
             optimizer=optimizer,
@@ -512,7 +454,6 @@ def _train_round(
             config=deepspeed_config(settings, cuda=cuda),
         )
         policy_loss = make_policy_loss(settings)
-        lockstep = engine.zero_optimization_stage() > 0
 
         # Old and reference log-probs come from the starting weights (before any resumed state is loaded),
         # through the engine's module so they share its dtype with the training forward.
@@ -536,92 +477,44 @@ def _train_round(
                 del ref_model
         wall["prepare_s"] = time.perf_counter() - t0
 
-        step, resumed_from = 0, None
-        tag = _latest_tag(state_dir) if resume else None
-        if tag is not None:
-            _, client = engine.load_checkpoint(str(state_dir), tag=tag)
-            if client.get("didpo_plan") != plan_id:
-                raise ValueError(
-                    f"{state_dir}/{tag}: train state belongs to other data or settings; use a fresh out_dir"
-                )
-            step = resumed_from = int(client["didpo_step"])
-            torch.set_rng_state(client["didpo_rng"])
+        def fetch(epoch: int, j: int) -> tuple[Batch, torch.Tensor, torch.Tensor | None]:
+            batch = plan.batch(Cursor(epoch, j))
+            old_grid = _grid(batch, old).to(device)
+            ref_grid = _grid(batch, ref).to(device) if ref is not None else None
+            return batch.to(device), old_grid, ref_grid
 
+        def loss_fn(item: tuple[Batch, torch.Tensor, torch.Tensor | None]) -> tuple[torch.Tensor, dict[str, float]]:
+            batch, old_grid, ref_grid = item
+            return batch_loss(engine, batch, old_grid, ref_grid, policy_loss, settings)
+
+        run = Run(
+            label="update",
+            total_steps=total_steps,
+            steps_per_epoch=steps_per_epoch,
+            batches_per_epoch=plan.batches_per_epoch,
+            micro_batches_per_step=gas,
+            fetch=fetch,
+            tokens=lambda item: item[0].n_tokens,
+            state_dir=out / STATE_DIR,
+            plan_id=plan_id,
+            save_every=settings.save_every,
+            extra_state=lambda at: {"didpo_cursor": _cursor_list(_cursor_of(at, steps_per_epoch, gas))},
+            metric_names=STEP_LOSS_METRICS,
+            lockstep=engine.zero_optimization_stage() > 0,
+        )
         engine.train()
-        metrics: list[StepMetrics] = []
-        last_saved = step
-        bar = progress_bar("update", total_steps, initial=step, unit="step", disable=rank != 0)
-        while step < total_steps and (max_steps is None or len(metrics) < max_steps):
-            epoch, k = divmod(step, steps_per_epoch)
-            lo, hi = k * gas, min((k + 1) * gas, plan.batches_per_epoch)
-            lr = scheduler.get_last_lr()[0]
-            t_data = t_compute = 0.0
-            tokens = 0
-            parts: list[dict[str, float]] = []
-            grad_norm = float("nan")
-            # Data parallel: this rank's share of the step's micro-batches. DeepSpeed averages the gradients
-            # over ranks, so each loss is scaled by world / (hi - lo): the step's gradient is the mean over all
-            # its micro-batches, as in one process. A rank without a micro-batch (a step shorter than the
-            # world) still takes part in the reduction with a zero-weighted one.
-            mine = step_shard(lo, hi, rank, world)
-            # Under ZeRO stages >= 1 a backward (and, at stage 3, a forward) is a collective: every rank runs as
-            # many micro-batches as the busiest one, the extra ones zero-weighted (as a rank without any does
-            # under every stage)
-            turns = -(-(hi - lo) // world) if lockstep else max(len(mine), 1)
-            for n_mine in range(turns):
-                real = n_mine < len(mine)
-                j = mine[n_mine] if real else lo
-                t0 = time.perf_counter()
-                batch = plan.batch(Cursor(epoch, j))
-                old_grid = _grid(batch, old).to(device)
-                ref_grid = _grid(batch, ref).to(device) if ref is not None else None
-                batch.to(device)
-                t1 = time.perf_counter()
-                boundary = n_mine == turns - 1
-                engine.set_gradient_accumulation_boundary(boundary)
-                loss, m = batch_loss(engine, batch, old_grid, ref_grid, policy_loss, settings)
-                engine.backward(loss * world / (hi - lo) if real else loss * 0.0)
-                if boundary:
-                    grad_norm = _grad_norm(engine)
-                    engine.step()
-                    if grad_norm != grad_norm:  # ZeRO partitions the grads: the engine measured the norm
-                        grad_norm = float(engine.get_global_grad_norm() or float("nan"))
-                if cuda:
-                    torch.cuda.synchronize(device)
-                t_data += t1 - t0
-                t_compute += time.perf_counter() - t1
-                if real:
-                    tokens += batch.n_tokens
-                    parts.append(m)
-            step += 1
-            bar.update(1)
-            mean, tokens, t_compute = _reduce_step(parts, tokens, t_compute, world)
-            metrics.append(
-                StepMetrics(
-                    step=step,
-                    epoch=epoch,
-                    grad_norm=grad_norm,
-                    lr=lr,
-                    tokens=tokens,
-                    tokens_per_s=tokens / t_compute if t_compute > 0 else 0.0,
-                    data_s=t_data,
-                    compute_s=t_compute,
-                    **mean,
-                )
-            )
-            wall["data_s"] += t_data
-            wall["compute_s"] += t_compute
-            if settings.save_every and step % settings.save_every == 0 and step < total_steps:
-                t0 = time.perf_counter()
-                _save_state(engine, state_dir, step, _cursor_of(step, steps_per_epoch, gas), plan_id)
-                last_saved = step
-                wall["save_s"] += time.perf_counter() - t0
-        bar.close()
-
+        result = run_steps(run, loss_fn, DeepSpeedOptimization(engine, scheduler, device), DeepSpeedState(engine),
+                           resume=resume, max_steps=max_steps)
+        step, completed = result.step, result.completed
+        metrics = [
+            StepMetrics(step=r.step, epoch=r.epoch, grad_norm=r.grad_norm, lr=r.lr, tokens=r.tokens,
+                        tokens_per_s=r.tokens / r.compute_s if r.compute_s > 0 else 0.0, data_s=r.data_s,
+                        compute_s=r.compute_s, **r.metrics)
+            for r in result.records
+        ]
+        for key, value in result.wall.items():
+            wall[key] += value
         t0 = time.perf_counter()
-        if step != last_saved or step == total_steps:
-            _save_state(engine, state_dir, step, _cursor_of(step, steps_per_epoch, gas), plan_id)
-        completed = step >= total_steps
         if completed:
             _save_policy(engine, init, out, rank)
         wall["save_s"] += time.perf_counter() - t0
@@ -632,19 +525,17 @@ def _train_round(
         completed=completed,
         total_steps=total_steps,
         steps_done=step,
-        resumed_from_step=resumed_from,
+        resumed_from_step=result.resumed_from,
         counts=data.counts.as_dict(),
         steps=metrics,
         wall=wall,
     )
-    if completed and rank == 0:
-        tmp = out / f".{REPORT_NAME}.tmp"
-        tmp.write_text(report.to_json() + "\n")
-        os.replace(tmp, out / REPORT_NAME)  # atomic: the report appears whole, after the checkpoint
-    if world > 1:
+    if completed:
+        write_report(out, REPORT_NAME, report.to_json() + "\n", rank=rank, world=world)  # last, then state goes
+    elif world > 1:
         import torch.distributed as dist
 
-        dist.barrier()  # no rank returns before the checkpoint and report are in place
+        dist.barrier()  # no rank returns before the train state is in place
     return report
 
 
@@ -662,14 +553,10 @@ def _save_policy(engine: Any, init: Path, out: Path, rank: int) -> None:
             copy_tokenizer(init, out)
 
 
+def _cursor_list(cursor: Cursor) -> list[int]:
+    return [cursor.epoch, cursor.batch]
+
+
 def _cursor_of(step: int, steps_per_epoch: int, gas: int) -> Cursor:
     epoch, k = divmod(step, steps_per_epoch)
     return Cursor(epoch, k * gas)
-
-
-def _grad_norm(engine: Any) -> float:
-    """Global L2 norm of the accumulated gradients when they are whole on this rank (ZeRO-0); else NaN."""
-    grads = [p.grad for p in engine.module.parameters() if p.grad is not None]
-    if not grads:
-        return float("nan")
-    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads])))

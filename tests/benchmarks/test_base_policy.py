@@ -11,7 +11,7 @@ from pipeline.policy.loading import load_tokenizer
 from pipeline.sandbox import Judge, SandboxPool, SandboxSettings
 from pipeline.tasks import load_source
 from pipeline.tasks.repair import make_repair_tasks, write_recipes
-from training.sft import sft_examples
+from training.demonstrations import sft_examples
 
 
 @pytest.fixture(scope="module")

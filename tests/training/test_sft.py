@@ -22,18 +22,15 @@ from pipeline.policy.loading import load_tokenizer  # noqa: E402
 from pipeline.policy.settings import PolicySettings  # noqa: E402
 from pipeline.tasks import load_source  # noqa: E402
 from training.data import TrainRow, collate  # noqa: E402
-from training.sft import (  # noqa: E402
-    REPORT_NAME,
+from training.demonstrations import (  # noqa: E402
     ReplayExecutor,
-    evaluate_actions,
     generation_header,
-    response_token_loss,
     search_replace_edits,
     sft_examples,
     solution_files,
-    train_sft,
     unconditioned_examples,
 )
+from training.sft import REPORT_NAME, evaluate_actions, response_token_loss, train_sft  # noqa: E402
 from training.sft_settings import SftSettings  # noqa: E402
 
 EPISODE = EpisodeSettings(max_turns=3, max_response_tokens=512, history_turns=2)
