@@ -56,6 +56,7 @@ the lines that take their place
 </replace>
 </edit>
    The search text must occur exactly once in the file (add surrounding lines to make it unique).
+   Files are shown with each line after its number ("12| x = 1"); search text leaves the numbers out.
 
 2. Insert lines before line N (1-based; N = number of lines + 1 appends):
 <insert path="solution.py" line="N">
@@ -91,8 +92,8 @@ ACTION_SPEC_BRIEF = """\
 <think>
 your reasoning
 </think>
-then one action: <write path="F">whole file</write>, or <edit path="F"><search>lines copied exactly
-</search><replace>new lines</replace></edit> (one or more), <insert path="F" line="N">lines</insert>,
+then one action: <write path="F">whole file</write>, or <edit path="F"><search>lines copied exactly, without
+their "N| " numbers</search><replace>new lines</replace></edit> (one or more), <insert path="F" line="N">lines</insert>,
 <append path="F">lines</append>, <run_tests/> or <finish/>.
 """
 

@@ -56,7 +56,8 @@ def test_quote_line_answers_the_numbered_line_of_the_shown_file():
     for message, answer in _draws("quote_line"):
         n = int(re.search(r"Quote line (\d+) of solution\.py\.$", message).group(1))
         assert answer == lines[n - 1] and answer.strip()
-        assert "## solution.py (8 lines)" in message and FILE in message  # the whole file, as episodes show it
+        assert "## solution.py (8 lines)" in message  # the whole file, as episodes show it: lines numbered
+        assert f"\n{n}| {answer}\n" in message and all(f"{i}| {line}" in message for i, line in enumerate(lines, 1))
         asked.add(n)
     assert len(asked) > 3 and 4 not in asked  # several lines, never the blank one
 

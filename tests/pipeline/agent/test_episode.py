@@ -59,7 +59,8 @@ def test_turn_limit_runs_hidden_tests_and_prompt_shows_history():
     r = ep.step("<think>look</think><run_tests/>")
     assert r.step_reward == 0.0 and r.visible_passed == 1 and "FAILED case 1" in r.observation
     user = ep.prompt_messages()[1]["content"]
-    assert "## Turn 1" in user and "<run_tests/>" in user and BUGGY in user and "Turn 2 of 2" in user
+    assert "## Turn 1" in user and "<run_tests/>" in user and "Turn 2 of 2" in user
+    assert "1| def add(a, b):\n2|     return a - b\n" in user  # the file, each line after its number
     last = ep.step("<think>oops</think><edit path='solution.py'>")
     assert last.exec_status == "invalid_action" and last.done and last.outcome == 0.0
     assert last.step_reward == pytest.approx(-0.1)
@@ -82,8 +83,9 @@ def test_long_files_are_elided_with_markers_around_the_change():
     ep = Episode(task, CountingExecutor(), EpisodeSettings(elide_lines=50))
     ep.step(FIX)
     user = ep.prompt_messages()[1]["content"]
-    assert "[... lines 1-" in user and "elided ...]" in user and "return a + b" in user
+    assert "[... lines 1-" in user and "elided ...]" in user and "402|     return a + b" in user
     assert "x10 = 10" not in user  # cut, but announced
+    assert "400| x399 = 399" in user  # numbers are the file's own, also inside a window
 
 
 def test_chat_template_rendering_uses_the_tokenizer():
