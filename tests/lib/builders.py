@@ -281,3 +281,53 @@ def load_benchmark(name: str, module_name: str) -> ModuleType:
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def random_round(
+    root: Path,
+    vocab: int,
+    *,
+    n_rows: int = 6,
+    seed: int = 0,
+    lam: float = 0.0,
+    estimator: str = "grpo",
+    diff_adv: float = 0.0,
+) -> Path:
+    """A round the trainer can read: steps + advantages with random token ids (two turns per trajectory, four
+    rows per task), token_adv = A^E + lam * A^D, A^E per trajectory, A^D on every other token."""
+    from pipeline.schema import content_id
+
+    rng = np.random.default_rng(seed)
+    steps, advs = [], []
+    for i in range(n_rows):
+        traj, task = content_id("traj", i // 2), f"t/{i // 4}"
+        p, r = int(rng.integers(4, 10)), int(rng.integers(4, 10))
+        row_id = content_id(traj, i)
+        a_e = float(rng.choice([-1.0, 1.0]) * rng.uniform(0.5, 1.5))
+        a_d = np.where(np.arange(r) % 2 == 0, diff_adv, 0.0)
+        token_adv = (np.float32(a_e) + np.float32(lam) * a_d.astype(np.float32)).astype(np.float32)
+        steps.append(
+            step_row(
+                row_id,
+                traj,
+                task,
+                turn=i % 2,
+                prompt_token_ids=rng.integers(3, vocab, p).tolist(),
+                response_token_ids=rng.integers(3, vocab, r).tolist(),
+                behavior_logprobs=[-5.0] * r,
+                return_to_go=float(i),
+            )
+        )
+        advs.append(
+            advantage_row(
+                row_id,
+                traj,
+                task,
+                token_adv.tolist(),
+                estimator=estimator,
+                lam=lam,
+                episode_advantage=a_e,
+                n_diff_tokens=int((a_d != 0).sum()),
+            )
+        )
+    return write_steps_and_advantages(root, steps, advs)

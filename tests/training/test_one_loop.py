@@ -16,13 +16,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from builders import advantage_row, step_row, write_steps_and_advantages
+from builders import random_round
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch.set_num_threads(1)
 
 from pipeline.policy.tiny import build_checkpoint  # noqa: E402
-from pipeline.schema import content_id  # noqa: E402
 from training.demonstrations import SftExample  # noqa: E402
 from training.loop import STATE_DIR  # noqa: E402
 from training.settings import TrainSettings  # noqa: E402
@@ -84,20 +83,6 @@ def sft_rows(vocab: int, n: int = 12, seed: int = 0) -> list[SftExample]:
                        tuple(int(x) for x in rng.integers(3, vocab, int(rng.integers(3, 10)))), "x") for i in range(n)]
 
 
-def write_round(root: Path, vocab: int, n_rows: int = 12, seed: int = 0) -> Path:
-    rng = np.random.default_rng(seed)
-    steps, advs = [], []
-    for i in range(n_rows):
-        traj, task = content_id("traj", i // 2), f"t/{i // 4}"
-        p, r = int(rng.integers(4, 10)), int(rng.integers(4, 10))
-        row_id = content_id(traj, i)
-        a_e = float(rng.choice([-1.0, 1.0]) * rng.uniform(0.5, 1.5))
-        steps.append(step_row(row_id, traj, task, turn=i % 2, prompt_token_ids=rng.integers(3, vocab, p).tolist(),
-                              response_token_ids=rng.integers(3, vocab, r).tolist(), behavior_logprobs=[-5.0] * r,
-                              return_to_go=float(i)))
-        advs.append(advantage_row(row_id, traj, task, [a_e] * r, estimator="grpo", lam=0.0, episode_advantage=a_e,
-                                  n_diff_tokens=0))
-    return write_steps_and_advantages(root, steps, advs)
 
 
 def assert_close(got: list[tuple[float, ...]], want: list[tuple[float, ...]]) -> None:
@@ -133,7 +118,7 @@ def test_a_killed_sft_resumes_to_the_same_losses(ckpt, vocab, tmp_path):
 
 @pytest.mark.slow
 def test_the_update_reproduces_the_losses_of_its_old_loop(ckpt, vocab, tmp_path):
-    root = write_round(tmp_path / "round", vocab)
+    root = random_round(tmp_path / "round", vocab, n_rows=12)
     report = train_round(root, ckpt, tmp_path / "upd", TRAIN)
     assert_close(update_numbers(report.steps), UPDATE_GOLDEN)
     assert (tmp_path / "upd" / TRAIN_REPORT).is_file() and not (tmp_path / "upd" / STATE_DIR).exists()
@@ -141,7 +126,7 @@ def test_the_update_reproduces_the_losses_of_its_old_loop(ckpt, vocab, tmp_path)
 
 @pytest.mark.slow
 def test_a_killed_update_resumes_to_the_same_losses(ckpt, vocab, tmp_path):
-    root = write_round(tmp_path / "round", vocab)
+    root = random_round(tmp_path / "round", vocab, n_rows=12)
     part = train_round(root, ckpt, tmp_path / "upd", TRAIN, max_steps=4)
     rest = train_round(root, ckpt, tmp_path / "upd", TRAIN)
     assert rest.completed and rest.resumed_from_step == 4

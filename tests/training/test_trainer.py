@@ -16,14 +16,14 @@ import pyarrow as pa
 import pytest
 import torch
 import yaml
-from builders import advantage_row, step_row, write_steps_and_advantages
+from builders import random_round
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch.set_num_threads(1)
 
 from pipeline.policy.loading import load_policy  # noqa: E402
 from pipeline.policy.tiny import build_checkpoint  # noqa: E402
-from pipeline.schema import SchemaError, content_id, read_table, table_dir, write_table  # noqa: E402
+from pipeline.schema import SchemaError, read_table, table_dir, write_table  # noqa: E402
 from training.data import BatchPlan, Cursor, DataCounts, load_round  # noqa: E402
 from training.settings import TrainSettings  # noqa: E402
 from training.trainer import (  # noqa: E402
@@ -52,51 +52,6 @@ def vocab_size(ckpt: Path) -> int:
     return json.loads((ckpt / "config.json").read_text())["vocab_size"]
 
 
-def write_round(
-    root: Path,
-    vocab: int,
-    *,
-    n_rows: int = 6,
-    seed: int = 0,
-    lam: float = 0.0,
-    estimator: str = "grpo",
-    diff_adv: float = 0.0,
-) -> Path:
-    """Steps + advantages with random token ids; token_adv = (A^E + lam * A^D) * mask, A^E per trajectory."""
-    rng = np.random.default_rng(seed)
-    steps, advs = [], []
-    for i in range(n_rows):
-        traj, task = content_id("traj", i // 2), f"t/{i // 4}"
-        p, r = int(rng.integers(4, 10)), int(rng.integers(4, 10))
-        row_id = content_id(traj, i)
-        a_e = float(rng.choice([-1.0, 1.0]) * rng.uniform(0.5, 1.5))
-        a_d = np.where(np.arange(r) % 2 == 0, diff_adv, 0.0)
-        token_adv = (np.float32(a_e) + np.float32(lam) * a_d.astype(np.float32)).astype(np.float32)
-        steps.append(
-            step_row(
-                row_id,
-                traj,
-                task,
-                turn=i % 2,
-                prompt_token_ids=rng.integers(3, vocab, p).tolist(),
-                response_token_ids=rng.integers(3, vocab, r).tolist(),
-                behavior_logprobs=[-5.0] * r,
-                return_to_go=float(i),
-            )
-        )
-        advs.append(
-            advantage_row(
-                row_id,
-                traj,
-                task,
-                token_adv.tolist(),
-                estimator=estimator,
-                lam=lam,
-                episode_advantage=a_e,
-                n_diff_tokens=int((a_d != 0).sum()),
-            )
-        )
-    return write_steps_and_advantages(root, steps, advs)
 
 
 def weights(path: Path) -> dict[str, torch.Tensor]:
@@ -116,7 +71,7 @@ FAST = dict(lr=3e-3, max_tokens_per_batch=64, grad_clip=1.0, seed=0)
 @pytest.fixture(scope="module")
 def one_step(ckpt, tmp_path_factory):
     """One optimizer step over every row (a single micro-batch), and the round it trained on."""
-    root = write_round(tmp_path_factory.mktemp("round"), vocab_size(ckpt), n_rows=6)
+    root = random_round(tmp_path_factory.mktemp("round"), vocab_size(ckpt), n_rows=6)
     settings = TrainSettings(**dict(FAST, max_tokens_per_batch=4096))
     out = tmp_path_factory.mktemp("out") / "r1"
     report = train_round(root, ckpt, out, settings)
@@ -156,8 +111,8 @@ def test_positive_advantage_tokens_gain_probability_negative_lose(ckpt, one_step
 @pytest.mark.slow
 def test_lambda_zero_trains_exactly_like_the_episode_estimator(ckpt, tmp_path):
     vocab = vocab_size(ckpt)
-    episode = write_round(tmp_path / "grpo", vocab, estimator="grpo", lam=0.0)
-    didpo = write_round(tmp_path / "didpo", vocab, estimator="didpo", lam=0.0, diff_adv=0.7)
+    episode = random_round(tmp_path / "grpo", vocab, estimator="grpo", lam=0.0)
+    didpo = random_round(tmp_path / "didpo", vocab, estimator="didpo", lam=0.0, diff_adv=0.7)
     settings = TrainSettings(**FAST, epochs=2)
     a = train_round(episode, ckpt, tmp_path / "out_grpo", settings)
     b = train_round(didpo, ckpt, tmp_path / "out_didpo", settings)
@@ -167,7 +122,7 @@ def test_lambda_zero_trains_exactly_like_the_episode_estimator(ckpt, tmp_path):
 
 @pytest.mark.slow
 def test_killed_update_resumes_to_the_same_weights(ckpt, tmp_path):
-    root = write_round(tmp_path / "round", vocab_size(ckpt), n_rows=8)
+    root = random_round(tmp_path / "round", vocab_size(ckpt), n_rows=8)
     settings = TrainSettings(
         **dict(FAST, max_tokens_per_batch=32),
         epochs=2,
@@ -198,7 +153,7 @@ def test_killed_update_resumes_to_the_same_weights(ckpt, tmp_path):
 def test_wrong_schema_table_is_refused(ckpt, tmp_path):
     import pyarrow.parquet as pq
 
-    root = write_round(tmp_path / "round", vocab_size(ckpt))
+    root = random_round(tmp_path / "round", vocab_size(ckpt))
     part = table_dir(root, "steps") / "part-00000.parquet"
     table = pq.read_table(part)
     pq.write_table(
@@ -211,7 +166,7 @@ def test_wrong_schema_table_is_refused(ckpt, tmp_path):
 
 @pytest.mark.slow
 def test_padding_and_prompt_positions_never_receive_loss(ckpt, tmp_path):
-    root = write_round(tmp_path / "round", vocab_size(ckpt), n_rows=6)
+    root = random_round(tmp_path / "round", vocab_size(ckpt), n_rows=6)
     settings = TrainSettings(**dict(FAST, max_tokens_per_batch=4096), kl_coef=0.1, entropy_coef=0.01)
     plan = BatchPlan(load_round(root), 4096, 0, 1, pad_id=0)
     actor = make_actor(load_policy(ckpt))
@@ -267,7 +222,7 @@ def zero_advantages(root: Path, keep: int = 0) -> None:
 
 
 def test_a_round_without_trainable_rows_writes_no_policy_and_says_why(ckpt, tmp_path):
-    root = write_round(tmp_path / "round", vocab_size(ckpt), n_rows=8)  # 8 rows in 2 task groups
+    root = random_round(tmp_path / "round", vocab_size(ckpt), n_rows=8)  # 8 rows in 2 task groups
     zero_advantages(root)
     report = train_round(root, ckpt, tmp_path / "out", TrainSettings(**FAST))
     assert report.nothing_to_train == "all 8 rows (2 task groups) have zero advantage"
@@ -290,7 +245,7 @@ def test_the_nothing_to_train_reason_names_the_filters():
 
 @pytest.mark.slow
 def test_one_row_with_advantage_still_trains(ckpt, tmp_path):
-    root = write_round(tmp_path / "round", vocab_size(ckpt), n_rows=4)
+    root = random_round(tmp_path / "round", vocab_size(ckpt), n_rows=4)
     zero_advantages(root, keep=1)
     report = train_round(root, ckpt, tmp_path / "out", TrainSettings(**FAST))
     assert report.nothing_to_train is None and report.counts["kept"] == 1
@@ -303,7 +258,7 @@ def test_didpo_train_says_why_it_trained_nothing(ckpt, tmp_path):
 
     from workflows.cli import app
 
-    root = write_round(tmp_path / "round", vocab_size(ckpt), n_rows=4)
+    root = random_round(tmp_path / "round", vocab_size(ckpt), n_rows=4)
     zero_advantages(root)
     done = CliRunner().invoke(app, ["train", "--round", str(root), "--policy", str(ckpt), "--out",
                                     str(tmp_path / "out")])
@@ -350,7 +305,7 @@ def test_each_rank_trains_its_own_share_of_a_step():
 
 @pytest.mark.slow
 def test_two_processes_train_like_one(ckpt, tmp_path):
-    root = write_round(tmp_path / "round", vocab_size(ckpt), n_rows=8)
+    root = random_round(tmp_path / "round", vocab_size(ckpt), n_rows=8)
     one = train_round(root, ckpt, tmp_path / "one", DP_SETTINGS, reference_checkpoint=ckpt)
     assert one.completed and one.total_steps >= 2
     done = torchrun(tmp_path, ckpt, root, tmp_path / "two")
@@ -368,7 +323,7 @@ def test_two_processes_train_like_one(ckpt, tmp_path):
 
 @pytest.mark.slow
 def test_a_round_killed_at_two_processes_resumes_at_one(ckpt, tmp_path):
-    root = write_round(tmp_path / "round", vocab_size(ckpt), n_rows=8)
+    root = random_round(tmp_path / "round", vocab_size(ckpt), n_rows=8)
     one = train_round(root, ckpt, tmp_path / "one", DP_SETTINGS, reference_checkpoint=ckpt)
     torchrun(tmp_path, ckpt, root, tmp_path / "resumed", "--max-steps", "1")
     assert not (tmp_path / "resumed" / REPORT_NAME).exists()
@@ -385,7 +340,7 @@ def test_zero_sharded_training_on_two_processes_matches_one(ckpt, tmp_path, stag
     """The GPU's sharded path through the same code on CPU (gloo): ZeRO-2 partitions the optimizer state and
     gradients, ZeRO-3 the weights too (each rank runs as many forwards as the busiest, and the weights are
     gathered to save a whole checkpoint); the result is one process's within float tolerance."""
-    root = write_round(tmp_path / "round", vocab_size(ckpt), n_rows=6)  # 3 micro-batches a step: uneven shares
+    root = random_round(tmp_path / "round", vocab_size(ckpt), n_rows=6)  # 3 micro-batches a step: uneven shares
     settings = DP_SETTINGS.model_copy(update={"epochs": 1, "micro_batches_per_step": 3})
     one = train_round(root, ckpt, tmp_path / "one", settings, reference_checkpoint=ckpt)
     sharded = settings.model_copy(update={"cpu_zero_stage": stage})
