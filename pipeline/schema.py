@@ -300,22 +300,23 @@ def check_parquet_schema(file: str | Path, table: str) -> pq.FileMetaData:
 
     For readers that query files in place (DuckDB). Raises SchemaError naming the file and the column.
     """
-    with _parquet_file(file, table) as pf:
+    with _parquet_file(file, table) as (pf, _):
         return pf.metadata
 
 
 @contextmanager
-def _parquet_file(file: str | Path, table: str) -> Iterator[pq.ParquetFile]:
-    """A validated ParquetFile, its handle closed on exit (an object store's open reads hold connections)."""
+def _parquet_file(file: str | Path, table: str) -> Iterator[tuple[pq.ParquetFile, int]]:
+    """A validated ParquetFile and its schema version, its handle closed on exit (an object store's open reads
+    hold connections)."""
     source = open_input(location(file))
     try:
         try:
             pf = pq.ParquetFile(source)
         except (OSError, pa.ArrowException) as e:
             raise SchemaError(f"{file}: not a readable Parquet file of table {table!r}: {e}") from e
-        pf.didpo_version = _check_version(pf.schema_arrow.metadata, table, str(file))
-        _check_columns(table, pf.schema_arrow, str(file), pf.didpo_version)
-        yield pf
+        version = _check_version(pf.schema_arrow.metadata, table, str(file))
+        _check_columns(table, pf.schema_arrow, str(file), version)
+        yield pf, version
     finally:
         if not isinstance(source, str):
             source.close()
@@ -340,9 +341,9 @@ def read_table(path: str | Path, table: str) -> pa.Table:
     schema = arrow_schema(table)
     parts = []
     for file in part_files(path):
-        with _parquet_file(file, table) as pf:
+        with _parquet_file(file, table) as (pf, version):
             try:
-                parts.append(conform(table, pf.read(), source=str(file), version=pf.didpo_version))
+                parts.append(conform(table, pf.read(), source=str(file), version=version))
             except SchemaError:
                 raise
             except (OSError, pa.ArrowException) as e:

@@ -66,3 +66,10 @@ def write_round(run_dir, k: int, tasks, buggy_samples: set[int], heldout: float,
         schema.write_table(table, schema.table_dir(rd, name), name)
     schema.write_manifest(schema.Manifest(run_dir.name, k, "cfg", "sha", f"v{k}",
                                           stages={"eval": {"metrics": {"pass_rate": heldout}}}), rd)
+
+
+def two_round_run(run_dir, tasks) -> None:
+    """The report and explorer tests' run: round 0 with two of four samples buggy (held-out 0.25), round 1 with
+    one (held-out 0.5)."""
+    write_round(run_dir, 0, tasks, buggy_samples={2, 3}, heldout=0.25)
+    write_round(run_dir, 1, tasks, buggy_samples={3}, heldout=0.5)

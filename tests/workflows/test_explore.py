@@ -15,7 +15,7 @@ from pathlib import Path
 
 import matplotlib.image as mpimg
 import pytest
-from scripted_run import write_round
+from scripted_run import two_round_run
 from typer.testing import CliRunner
 
 from pipeline.tasks import load_source
@@ -40,8 +40,7 @@ from workflows.report import load_arm
 def run_dir(tmp_path_factory):
     run = tmp_path_factory.mktemp("runs") / "arm_didpo"
     tasks = load_source("humaneval", limit=2)
-    write_round(run, 0, tasks, buggy_samples={2, 3}, heldout=0.25)
-    write_round(run, 1, tasks, buggy_samples={3}, heldout=0.5)
+    two_round_run(run, tasks)
     return run
 
 

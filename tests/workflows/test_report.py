@@ -11,7 +11,7 @@ from html.parser import HTMLParser
 import matplotlib.image as mpimg
 import numpy as np
 import pytest
-from scripted_run import write_round
+from scripted_run import two_round_run, write_round
 from typer.testing import CliRunner
 
 from pipeline import schema
@@ -24,8 +24,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 def run_dir(tmp_path_factory):
     run = tmp_path_factory.mktemp("runs") / "arm_didpo"
     tasks = load_source("humaneval", limit=2)
-    write_round(run, 0, tasks, buggy_samples={2, 3}, heldout=0.25)
-    write_round(run, 1, tasks, buggy_samples={3}, heldout=0.5)
+    two_round_run(run, tasks)
     results = [TaskResult("humanevalfix", "value misuse", "humanevalfix/Python/0", 2, 1, 4, 1, 2.0)]
     write_results(run / "round=1" / "eval", summarize(results, samples=2, ks=(1, 2)), results, (1, 2))
     return run
