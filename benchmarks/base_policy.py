@@ -10,6 +10,11 @@
    (the sandbox judges); `fix_baseline` = the same for the most frequent training response applied to every
    held-out task, so that a frequent guess never passes for repair. 95% Wilson intervals over tasks.
 
+The repair tasks show the visible tests' failing run, as `didpo tasks make-repair` makes them
+(`--bare-tasks`: the code only). `--split-by instance` holds out unseen bugs of the training programs instead
+(in-distribution); `--rehearse S` makes a share S of the SFT rows pretraining's copying rows, so that the
+SFT keeps the base's copying; `--lr` and `--sft-steps` set the SFT.
+
 Last line: `base_policy: params=<n> copy_acc=<x> search_found=<x> fix_unseen=<x> fix_baseline=<x>`.
 Run: `.venv/bin/python benchmarks/base_policy.py [--base runs/base/final] [--tasks 300 --sft-steps 600]`;
 without a base checkpoint it pretrains one with the default recipe first (`didpo model pretrain`, about an
@@ -63,20 +68,16 @@ def _base(args, work: Path) -> Path:
 
 def _repair_tasks(args, work: Path, judge):
     from pipeline.tasks import load_source
-    from pipeline.tasks.repair import make_repair_tasks, write_recipes
+    from pipeline.tasks.repair import judge_verdict, make_repair_tasks, write_recipes
 
-    path = work / f"repair_seed{args.seed}_n{args.tasks}.jsonl"
+    by = "" if args.split_by == "program" else f"_by_{args.split_by}"
+    bare = "_bare" if args.bare_tasks else ""
+    path = work / f"repair_seed{args.seed}_n{args.tasks}{by}{bare}.jsonl"
     if not path.is_file():
         sources = load_source("mbpp", split="test")
-
-        def fails(task, workspace):
-            result = judge.run(task, workspace)
-            if result.status == "infra_error":
-                raise SystemExit(f"base_policy: sandbox infrastructure error on {task.task_id}")
-            return result.status != "passed"
-
-        recipes = make_repair_tasks(sources, fails, n=args.tasks, bugs=(1, args.max_bugs), seed=args.seed,
-                                    test_fraction=args.test_fraction)
+        verdict = judge_verdict(judge, report=not args.bare_tasks)
+        recipes = make_repair_tasks(sources, verdict, n=args.tasks, bugs=(1, args.max_bugs), seed=args.seed,
+                                    test_fraction=args.test_fraction, split_by=args.split_by)
         write_recipes(recipes, path)
     tasks = load_source("repair", path)
     return [t for t in tasks if t.split == "train"], [t for t in tasks if t.split == "test"]
@@ -109,9 +110,15 @@ def main() -> None:
     ap.add_argument("--tasks", type=int, default=300, help="repair tasks minted (train and held out)")
     ap.add_argument("--max-bugs", type=int, default=1, help="bugs per repair task: 1..this")
     ap.add_argument("--test-fraction", type=float, default=0.3)
+    ap.add_argument("--bare-tasks", action="store_true",
+                    help="tasks show only the code, not the visible tests' failing run (docs/repair_tasks.md)")
+    ap.add_argument("--split-by", choices=("program", "instance"), default="program",
+                    help="held-out side: unseen programs, or unseen bugs of the training programs (in-distribution)")
     ap.add_argument("--episodes", type=int, default=4, help="demonstrations per training task")
     ap.add_argument("--sft-steps", type=int, default=600)
     ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--rehearse", type=float, default=0.0,
+                    help="share of SFT rows that are pretraining copy rows (training/pretrain.py `rehearsal_examples`)")
     args = ap.parse_args()
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     import torch
@@ -123,7 +130,7 @@ def main() -> None:
     from pipeline.sandbox import Judge, SandboxPool, SandboxSettings
     from pipeline.tasks import load_source
     from training.demonstrations import sft_examples
-    from training.pretrain import copy_accuracy, pretrain_files
+    from training.pretrain import copy_accuracy, pretrain_files, rehearsal_examples
     from training.sft import evaluate_actions, train_sft
     from training.sft_settings import SftSettings
 
@@ -143,16 +150,21 @@ def main() -> None:
     with SandboxPool(SandboxSettings(pool_size=2)) as pool:
         judge = Judge(pool)
         train, held = _repair_tasks(args, work, judge)
-        print(f"repair tasks (MBPP test programs, split by program): {len(train)} train, {len(held)} held out",
+        print(f"repair tasks (MBPP test programs, split by {args.split_by}): {len(train)} train, {len(held)} held out",
               flush=True)
         tokenizer = load_tokenizer(base)
         rows = sft_examples(train, tokenizer, episode, seed=args.seed, mix={"edit": 1.0}, finish_rate=0.0,
                             episodes_per_task=args.episodes)
         rows = [r for r in rows if r.kind == "edit"]
+        demonstrations = len(rows)
+        if args.rehearse:
+            n_copy = round(args.rehearse / (1 - args.rehearse) * demonstrations)
+            rows += rehearsal_examples(pretrain_files(load_source("mbpp", split="train")), tokenizer, n=n_copy,
+                                       seed=args.seed)
         weights = hashlib.sha256((base / "model.safetensors").read_bytes()).hexdigest()[:12]
         demos = hashlib.sha256(json.dumps([(r.prompt_ids, r.response_ids) for r in rows]).encode()).hexdigest()[:8]
         # per base and demonstrations: a finished SFT is reused only for the same inputs
-        sft_dir = work / f"sft_{weights}_{demos}_seed{args.seed}"
+        sft_dir = work / f"sft_{weights}_{demos}_lr{args.lr:g}_steps{args.sft_steps}_seed{args.seed}"
         train_sft(base, sft_dir, rows, SftSettings(lr=args.lr, max_steps=args.sft_steps, epochs=100,
                                                    warmup_steps=min(20, args.sft_steps // 10),
                                                    max_tokens_per_batch=4096,
@@ -160,17 +172,23 @@ def main() -> None:
         policy = PolicySettings(checkpoint=str(sft_dir), temperature=0.0, max_new_tokens=384)
         ev = evaluate_actions(sft_dir, held, episode, policy, seed=args.seed)
         found, fixed = _fixes(held, ev["responses"], judge, episode.max_file_bytes)
-        frequent, count = Counter(r.response_text for r in rows).most_common(1)[0]
+        frequent, count = Counter(r.response_text for r in rows[:demonstrations]).most_common(1)[0]
         _, baseline = _fixes(held, [frequent] * len(held), judge, episode.max_file_bytes)
     n = len(held)
-    print(f"after repair SFT ({len(rows)} demonstrations, {args.sft_steps} steps), greedy on {n} unseen programs:")
+    print(f"after repair SFT ({demonstrations} demonstrations, {len(rows) - demonstrations} copy rows, "
+          f"{args.sft_steps} steps at lr {args.lr}), greedy on {n} held-out tasks "
+          f"({'unseen programs' if args.split_by == 'program' else 'unseen bugs of training programs'}):")
     print(f"  valid action   {_share(ev['valid'], n)}")
     print(f"  search found   {_share(found, n)}")
     print(f"  fixed          {_share(fixed, n)}")
     print(f"  baseline fixed {_share(baseline, n)} (the most frequent training response, {count} times)")
     result = {"params": params, "copy_acc": copy["quote_line"]["accuracy"],
               "error_name": copy["error_name"]["accuracy"], "search_found": found / n, "fix_unseen": fixed / n,
-              "fix_baseline": baseline / n, "held_out": n, "seed": args.seed, "base": str(base),
+              "fix_baseline": baseline / n, "held_out": n, "split_by": args.split_by,
+              "failure_shown": not args.bare_tasks, "seed": args.seed,
+              "base": str(base),
+              "sft": {"steps": args.sft_steps, "lr": args.lr, "demonstrations": demonstrations,
+                      "copy_rows": len(rows) - demonstrations},
               "seconds": round(time.perf_counter() - t0)}
     (sft_dir / "base_policy.json").write_text(json.dumps(result, indent=2) + "\n")
     print(f"base_policy: params={params} copy_acc={result['copy_acc']:.2f} search_found={found / n:.2f} "

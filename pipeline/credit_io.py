@@ -1,13 +1,13 @@
 """Adapters between the data contract and the credit core (`pipeline.credit`, which writes no table and
 names no column: its results are plain values).
 
-    steps table rows -> StepInput                 (step_input, step_inputs, steps_from_table)
+    steps table rows -> StepInput                 (step_records, step_input, step_inputs, steps_from_table)
     CreditResult     -> the four credit tables: their columns as computed (result_columns), Arrow tables
-                        with the contract schemas (result_tables), contract rows (result_rows)
+                        with the contract schemas (result_tables)
 
 Table assembly is here and only here: which value goes in which column (checked against
 `pipeline.schema.columns`, the one list of them), the tables' row order (anchors by id, members in an
-anchor's order, advantages in input order) and the span structs.
+anchor's order, advantages in input order) and the Arrow arrays.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from pipeline.credit import CreditInputError, CreditResult, StepInput
@@ -22,6 +23,11 @@ from pipeline.credit.inputs import edits_from_action, files_map
 from pipeline.schema import SchemaError, arrow_schema, columns
 
 CREDIT_TABLES = ("subdiffs", "anchors", "anchor_members", "advantages")
+# the steps columns `step_input` reads (and a dead letter's payload names)
+STEP_COLUMNS = ("row_id", "traj_id", "task_id", "turn", "step_reward", "response_text", "token_char_starts",
+                "token_char_ends", "action_json", "files_before", "files_after", "workspace_hash_before",
+                "visible_passed", "visible_total")
+_TOKEN_COLUMNS = ("token_char_starts", "token_char_ends")
 
 
 def step_input(record: Mapping[str, Any], source: str = "<steps>") -> StepInput:
@@ -52,22 +58,34 @@ def step_inputs(records: Iterable[Mapping[str, Any]], source: str = "<steps>") -
     return [step_input(r, source) for r in records]
 
 
+def step_records(table: pa.Table) -> list[dict[str, Any]]:
+    """The credit columns of a steps table as records for `step_input`, each token offset list a numpy
+    array: one conversion per column (turning every offset into a Python int cost more than the math)."""
+    records = table.select([c for c in STEP_COLUMNS if c not in _TOKEN_COLUMNS]).to_pylist()
+    for name in _TOKEN_COLUMNS:
+        for record, values in zip(records, _list_values(table.column(name)), strict=True):
+            record[name] = values
+    return records
+
+
+def _list_values(column: pa.ChunkedArray) -> list[np.ndarray]:
+    """A list<int> column as one int64 array per row."""
+    lists = column.combine_chunks()
+    if not len(lists):
+        return []
+    offsets = lists.offsets.to_numpy()
+    return np.split(lists.flatten().to_numpy().astype(np.int64), offsets[1:-1] - offsets[0])
+
+
 def steps_from_table(table: pa.Table, source: str = "<steps>") -> list[StepInput]:
     """Rows of a steps table -> the credit stage's pure inputs."""
-    return step_inputs(table.to_pylist(), source)
-
-
-def _span_structs(spans: list[tuple[int, int]], names: tuple[str, str]) -> list[dict[str, int]]:
-    """[start, end) ranges as values of a list<struct<start, end>> column."""
-    start, end = names
-    return [{start: s, end: e} for s, e in spans]
+    return step_inputs(step_records(table), source)
 
 
 def _subdiff_columns(result: CreditResult) -> dict[str, list]:
     """One row per sub-diff, in the core's order (rows canonical, then candidates as found); char/token_start
-    and _end are the outer bounds of the spans (-1: none)."""
-    struct = arrow_schema("subdiffs").field("char_spans").type.value_type
-    names = (struct.field(0).name, struct.field(1).name)
+    and _end are the outer bounds of the spans (-1: none); the spans are (start, end) pairs (Arrow makes
+    them structs, and makes them fastest from tuples)."""
     subs = result.subdiffs
     cands = [s.candidate for s in subs]
     steps = [result.rows[c.row] for c in cands]
@@ -85,8 +103,8 @@ def _subdiff_columns(result: CreditResult) -> dict[str, list]:
         char_end=[s.char_spans[-1][1] if s.char_spans else -1 for s in subs],
         token_start=[s.token_spans[0][0] if s.token_spans else -1 for s in subs],
         token_end=[s.token_spans[-1][1] if s.token_spans else -1 for s in subs],
-        char_spans=[_span_structs(s.char_spans, names) for s in subs],
-        token_spans=[_span_structs(s.token_spans, names) for s in subs],
+        char_spans=[s.char_spans for s in subs],
+        token_spans=[s.token_spans for s in subs],
         n_lines=[c.n_lines for c in cands],
         normalized_text=[c.text for c in cands],
     )
@@ -162,10 +180,16 @@ def result_tables(result: CreditResult, tables: Iterable[str] = CREDIT_TABLES) -
     out = {}
     for name in tables:
         cols, schema = result_columns(result, name), arrow_schema(name)
-        out[name] = pa.table({f.name: pa.array(cols[f.name], type=f.type) for f in schema}, schema=schema)
+        out[name] = pa.table({f.name: _arrow(cols[f.name], f.type) for f in schema}, schema=schema)
     return out
 
 
-def result_rows(result: CreditResult, table: str) -> list[dict[str, Any]]:
-    """One of the result's tables as contract rows (dicts of stored values), e.g. for a Beam PCollection."""
-    return result_tables(result, (table,))[table].to_pylist()
+def _arrow(values: list, type: pa.DataType) -> pa.Array:
+    """A column's values as an Arrow array; a list column of numpy arrays (token values) is made from one
+    concatenation instead of value by value (numpy's float32 cast rounds as Arrow's does)."""
+    if not (pa.types.is_list(type) and values and isinstance(values[0], np.ndarray)):
+        return pa.array(values, type=type)
+    offsets = np.zeros(len(values) + 1, np.int32)
+    np.cumsum([len(v) for v in values], out=offsets[1:])
+    flat = np.concatenate(values).astype(type.value_type.to_pandas_dtype())
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat), type=type)

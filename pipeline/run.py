@@ -1,7 +1,7 @@
 """Stage 1 of DiDPO: one policy round of the Beam pipeline.
 
 1. ReadTasks -> Rollouts(turn 1..T: Prompt -> Generate (RunInference) -> Execute (sandbox)) -> WriteSteps
-2. ReadSteps -> Credit(ToCreditInputs -> ShardByScope -> CreditPerGroup) -> WriteTables: sub-diffs,
+2. ReadSteps -> Credit(ByTask -> GroupByTask -> CreditPerTask) -> WriteTables: sub-diffs,
    anchors and the advantages table the trainer reads, all from the one credit path (`pipeline.credit`);
    the DuckDB SQL over the tables (`pipeline.sqlrun`) recomputes didpo's as a parity check and for analysis
 3. manifest.json records each completed stage with the inputs it read (`ROUND_STAGES`); a rerun skips
@@ -158,13 +158,11 @@ def build_rollout_pipeline(options: PipelineOptions, cfg: PipelineConfig, tasks:
     )
     n = cfg.pipeline.num_shards
     written = (
-        out["steps"] | "WriteSteps" >> WriteTable(round_path, "steps", key_fn=lambda r: r.task_id,
-                                                  sort_key=lambda r: (r.task_id, r.traj_id, r.turn), num_shards=n),
-        out["trajectories"] | "WriteTrajectories" >> WriteTable(round_path, "trajectories",
-                                                                key_fn=lambda r: r.task_id,
-                                                                sort_key=lambda r: r.traj_id, num_shards=n),
-        out["dead_letter"] | "WriteDeadLetters" >> WriteTable(round_path, "dead_letter", key_fn=lambda r: r.key,
-                                                              num_shards=1,
+        out["steps"] | "WriteSteps" >> WriteTable(round_path, "steps", "task_id", ("task_id", "traj_id", "turn"),
+                                                  num_shards=n),
+        out["trajectories"] | "WriteTrajectories" >> WriteTable(round_path, "trajectories", "task_id",
+                                                                ("traj_id",), num_shards=n),
+        out["dead_letter"] | "WriteDeadLetters" >> WriteTable(round_path, "dead_letter", "key", num_shards=1,
                                                               prefix=STAGE["rollouts"].dead_letter_prefix),
     )
     _one_sink(written)
@@ -183,17 +181,13 @@ def build_credit_pipeline(options: PipelineOptions, cfg: PipelineConfig, round_p
     p = beam.Pipeline(options=options)
     units = p | "ReadSteps" >> ReadTable(round_path, "steps") | "Credit" >> Credit(cfg.credit)
     n = cfg.pipeline.num_shards
-    sort = {"subdiffs": "subdiff_id", "anchors": "anchor_id", "anchor_members": "subdiff_id",
-            "advantages": "row_id"}
+    sort = {"subdiffs": ("subdiff_id",), "anchors": ("anchor_id",), "anchor_members": ("subdiff_id", "anchor_id"),
+            "advantages": ("row_id",)}
     written = []
     for name in OUTPUTS:
         label = "Write" + "".join(w.title() for w in name.split("_"))
-        written.append(units[name] | label >> WriteTable(round_path, name, key_fn=lambda r: r["task_id"],
-                                                         sort_key=lambda r, k=sort[name]: (r[k],
-                                                                                           r.get("anchor_id", "")),
-                                                         num_shards=n))
-    written.append(units[DEAD] | "WriteDeadLetters" >> WriteTable(round_path, "dead_letter", key_fn=lambda r: r.key,
-                                                                  num_shards=1,
+        written.append(units[name] | label >> WriteTable(round_path, name, "task_id", sort[name], num_shards=n))
+    written.append(units[DEAD] | "WriteDeadLetters" >> WriteTable(round_path, "dead_letter", "key", num_shards=1,
                                                                   prefix=STAGE["credit"].dead_letter_prefix))
     _one_sink(written)
     return p

@@ -36,10 +36,11 @@ from types import MappingProxyType
 from typing import Any
 
 from pipeline.agent.episode import render_file
+from pipeline.assets import PRETRAIN_REPORT
 from pipeline.agent.grammar import Action, render_action
 from pipeline.tasks.base import Task
 from training.demonstrations import SftExample, generation_header, mutate_line, search_replace_edits
-from training.pretrain_settings import PRETRAIN_KINDS
+from training.pretrain_settings import PRETRAIN_KINDS, REHEARSAL_MIX
 
 DEFAULT_PRETRAIN_MIX = MappingProxyType(
     {"code": 0.2, "quote_line": 0.3, "error_name": 0.1, "edit_line": 0.3, "apply_edit": 0.1}
@@ -289,6 +290,14 @@ def pretrain_examples(files: Sequence[tuple[str, str]], tokenizer: Any, *, n: in
     return out
 
 
+def rehearsal_examples(files: Sequence[tuple[str, str]], tokenizer: Any, *, n: int, seed: int,
+                       max_tokens: int = 1024) -> list[SftExample]:
+    """`n` rows of the pretraining stage that taught copying (REHEARSAL_MIX on respelled files), to mix into a
+    later SFT: without them, fine-tuning on one task's demonstrations wears the base's copying away."""
+    return pretrain_examples(files, tokenizer, n=n, seed=seed, mix=REHEARSAL_MIX, max_tokens=max_tokens,
+                             respell=True)
+
+
 def copy_accuracy(checkpoint: Any, files: Sequence[tuple[str, str]], *, n: int, seed: int,
                   kind: str = "quote_line", batch_size: int = 8) -> dict[str, Any]:
     """Greedy answers to `n` seeded questions of `kind` on `files`: the share answered verbatim (whitespace at
@@ -322,7 +331,7 @@ def copy_accuracy(checkpoint: Any, files: Sequence[tuple[str, str]], *, n: int, 
 
 # ---- the staged recipe -------------------------------------------------------------------------------------
 
-REPORT_NAME = "pretrain_report.json"
+REPORT_NAME = PRETRAIN_REPORT
 
 
 def _rows_for(stage: Any, files: Sequence[tuple[str, str]], tokenizer: Any, seed: int) -> list[SftExample]:

@@ -10,6 +10,8 @@ quote_line 0.81, one run), then every kind on longer files.
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from pipeline.tasks.settings import TaskSourceSpec, TasksSettings
@@ -73,6 +75,10 @@ def _default_tasks() -> TasksSettings:
     )
 
 
+# quoting on respelled files with pure copies mixed in: the `files2` stage's rows, also rehearsed during a later
+# SFT so that it keeps the base's copying (training/pretrain.py `rehearsal_examples`)
+REHEARSAL_MIX = MappingProxyType({"quote_line": 0.4, "quote_many": 0.4, "induction": 0.2})
+
 DEFAULT_STAGES = (
     PretrainStage(name="induction", mix={"induction": 1.0}, steps=2000, lr=1e-3, schedule="constant",
                   warmup_steps=20),
@@ -80,7 +86,7 @@ DEFAULT_STAGES = (
                   max_file_lines=20),
     # respelled files cannot be learnt by heart, and induction rows keep pure copying sharp: held-out quoting
     # 0.59 -> 0.81 (docs/pretraining.md, ninth series; one run)
-    PretrainStage(name="files2", mix={"quote_line": 0.4, "quote_many": 0.4, "induction": 0.2}, steps=2000, lr=5e-4,
+    PretrainStage(name="files2", mix=dict(REHEARSAL_MIX), steps=2000, lr=5e-4,
                   warmup_steps=50, max_file_lines=20, respell=True),
     PretrainStage(name="full", mix={"quote_line": 0.25, "quote_many": 0.25, "error_name": 0.15, "edit_line": 0.2,
                                     "code": 0.05, "induction": 0.1}, steps=1000, lr=5e-4, warmup_steps=50,

@@ -16,7 +16,7 @@ from rich.syntax import Syntax
 from rich.table import Table
 
 from pipeline.tasks import BUNDLED_FILES, SOURCES, Task, TestSuite, count_cases, load_source
-from pipeline.tasks.repair import FAMILIES, make_repair_tasks, write_recipes
+from pipeline.tasks.repair import FAMILIES, judge_verdict, make_repair_tasks, write_recipes
 from workflows.errors import UserError
 
 tasks_app = typer.Typer(
@@ -145,6 +145,8 @@ def make_repair(
                                  "train; instance: held-out bug sets of the same programs"),
     test_fraction: float = typer.Option(0.2, "--test-fraction", help="share of programs (or instances) held out"),
     pool_size: int = typer.Option(2, "--pool-size", min=1, help="sandbox workers"),
+    report: bool = typer.Option(True, "--report/--no-report", help="show each task the visible tests' failing "
+                                "run on its buggy code, as a bug report does (--no-report: only the code)"),
 ) -> None:
     """Inject bugs into reference solutions; keep a bug set only if each bug alone, and the set, fails the
     visible tests in the sandbox. Writes one recipe per line; load it as source `repair` with that path."""
@@ -169,18 +171,12 @@ def make_repair(
     with SandboxPool(SandboxSettings(pool_size=pool_size)) as pool:
         judge = Judge(pool)
 
-        def fails(task: Task, workspace: dict) -> bool:
-            result = judge.run(task, workspace)
-            if result.status == "infra_error":
-                raise RuntimeError(f"sandbox infrastructure error on {task.task_id}: {result.detail[:200]}")
-            return result.status != "passed"
-
         def progress(made: int, attempts: int) -> None:
             if made % 10 == 0 or made == n:
                 typer.echo(f"  {made}/{n} repair tasks after {attempts} draws", err=True)
 
         try:
-            recipes = make_repair_tasks(tasks, fails, n=n, bugs=(lo, hi), families=chosen, seed=seed,
+            recipes = make_repair_tasks(tasks, judge_verdict(judge, report=report), n=n, bugs=(lo, hi), families=chosen, seed=seed,
                                         split_by=split_by, test_fraction=test_fraction,
                                         source_path=str(path) if path else None, loader=source,
                                         on_progress=progress)

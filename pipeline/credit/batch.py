@@ -39,7 +39,7 @@ from pipeline.credit.normalize import comparison_tokens
 from pipeline.credit.projection import merge_intervals, token_max, token_runs
 from pipeline.credit.returns import episode_returns, returns_to_go
 from pipeline.credit.settings import CreditSettings
-from pipeline.credit.similarity import ShingleSets, cluster_texts, minhash_signatures
+from pipeline.credit.similarity import ShingleSets, band_buckets, cluster_texts, minhash_signatures
 from pipeline.credit.subdiffs import Candidate, ast_blocks, hunk_candidates
 from pipeline.schema import content_id  # the project's one id function: ids in the tables are these
 
@@ -369,6 +369,7 @@ def _clusters(
     diag.n_unique_texts = len(keys)
     shingles = ShingleSets([k[2] for k in keys], settings.shingle_size)
     signatures = minhash_signatures(shingles, settings.num_perm, settings.seed)
+    buckets = band_buckets(signatures, settings.effective_lsh_threshold)
     groups: dict[tuple[str, str], list[int]] = defaultdict(list)
     for u, key in enumerate(keys):
         groups[key[:2]].append(u)
@@ -384,9 +385,7 @@ def _clusters(
             return (-len({candidates[m].row for m in members}), -candidates[members[0]].n_lines, u)
 
         order = sorted(uniques, key=priority)
-        rep_of = cluster_texts(
-            order, signatures, shingles, settings.eta, settings.effective_lsh_threshold, settings.seed
-        )
+        rep_of = cluster_texts(order, buckets, shingles, settings.eta)
         by_rep: dict[int, list[int]] = defaultdict(list)
         for u in order:
             by_rep[rep_of[u]].extend(text_of[keys[u]])

@@ -1,20 +1,22 @@
-"""Near-duplicate discovery: MinHash signatures of token shingles, datasketch LSH, exact verification.
+"""Near-duplicate discovery: MinHash signatures of token shingles, LSH banding, exact verification.
 
 Signatures are computed for all texts of a batch at once with numpy (multiply-shift permutation hashing of
-64-bit shingle hashes, min-reduced per text), then wrapped as datasketch `LeanMinHash` and indexed in a
-`datasketch.MinHashLSH` per (task, edit type) group. Clustering is leader-based, without transitive
-chaining: texts are visited in a content-defined order; each joins the most similar existing representative
-whose exact shingle Jaccard similarity is >= eta, or becomes a representative itself. Every member is thus
-within eta of its representative; the cost is one LSH query per text (near-linear in candidates).
+64-bit shingle hashes, min-reduced per text), then cut into LSH bands (`band_buckets`: b bands of r values,
+a text's bucket in a band is its values there); texts that share a bucket in any band are candidates of
+each other. Clustering is leader-based, without transitive chaining, per (task, edit type) group: texts are
+visited in a content-defined order; each joins the most similar existing representative among its
+candidates whose exact shingle Jaccard similarity is >= eta, or becomes a representative itself. Every
+member is thus within eta of its representative; the cost is one bucket look-up per band and text
+(near-linear in candidates).
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Sequence
 from functools import lru_cache
 
 import numpy as np
-from datasketch import LeanMinHash, MinHashLSH
 
 from pipeline.credit.normalize import token_hashes
 
@@ -22,7 +24,6 @@ _SENTINEL = np.uint64(0x9E3779B97F4A7C15)
 _MIX = np.uint64(0xBF58476D1CE4E5B9)
 _MIX2 = np.uint64(0x94D049BB133111EB)
 _CHUNK_SHINGLES = 1 << 15
-_SCHEME = "affine64"  # datasketch label for 64-bit affine permutation values; ours are of that family
 
 
 class ShingleSets:
@@ -109,30 +110,39 @@ def lsh_params(threshold: float, num_perm: int) -> tuple[int, int]:
     return best
 
 
+def band_buckets(signatures: np.ndarray, lsh_threshold: float) -> np.ndarray:
+    """[U, b] LSH bucket of each text in each band: the [U, num_perm] signatures cut into b bands of r values
+    ((b, r) = `lsh_params` at the threshold); two texts share a band's bucket iff their values there are equal
+    (the candidates a banded MinHash LSH index, such as datasketch's, returns)."""
+    n, num_perm = signatures.shape
+    bands, rows = lsh_params(round(lsh_threshold, 3), num_perm)
+    out = np.empty((n, bands), np.int64)
+    for j in range(bands):
+        inverse = np.unique(signatures[:, j * rows : (j + 1) * rows], axis=0, return_inverse=True)[1]
+        out[:, j] = inverse.reshape(-1)
+    return out
+
+
 def cluster_texts(
-    order: Sequence[int],
-    signatures: np.ndarray,
-    shingles: ShingleSets,
-    eta: float,
-    lsh_threshold: float,
-    seed: int,
+    order: Sequence[int], buckets: np.ndarray, shingles: ShingleSets, eta: float
 ) -> dict[int, int]:
-    """Leader clustering of the texts `order` (visited in that order): text index -> representative index."""
+    """Leader clustering of the texts `order` (visited in that order): text index -> representative index.
+
+    A text is compared (exact Jaccard) with the representatives that share an LSH bucket with it (`buckets`,
+    from `band_buckets`)."""
     rep_of: dict[int, int] = {}
-    if len(order) == 1:
-        return {order[0]: order[0]}
-    num_perm = signatures.shape[1]
-    lsh = MinHashLSH(num_perm=num_perm, params=lsh_params(round(lsh_threshold, 3), num_perm))
+    reps_in: dict[tuple[int, int], list[int]] = defaultdict(list)  # (band, bucket) -> representatives
     for i in order:
-        sketch = LeanMinHash(seed=seed, hashvalues=signatures[i], scheme=_SCHEME)
+        keys = list(enumerate(buckets[i].tolist()))
         best, best_sim = -1, -1.0
-        for rep in lsh.query(sketch):
+        for rep in {r for key in keys for r in reps_in.get(key, ())}:
             sim = shingles.jaccard(i, rep)
             if sim >= eta and (sim > best_sim or (sim == best_sim and rep < best)):
                 best, best_sim = rep, sim
         if best < 0:
             rep_of[i] = i
-            lsh.insert(i, sketch, check_duplication=False)
+            for key in keys:
+                reps_in[key].append(i)
         else:
             rep_of[i] = best
     return rep_of

@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from pipeline.assets import resolve_checkpoint
 from pipeline.policy.tiny import SIZES
 
 _DEVICE = re.compile(r"cpu|cuda(:\d+)?")
@@ -20,7 +21,8 @@ class PolicySettings(BaseModel):
     checkpoint: str = Field(
         default="out/models/tiny",
         min_length=1,
-        description="local Hugging Face checkpoint directory (built by `didpo model init --out DIR` if missing)",
+        description="local Hugging Face checkpoint directory (built by `didpo model init --out DIR` if missing), "
+        "or `bundled:NAME` for a checkpoint shipped in models/ (`bundled:base`, the pretrained CPU base)",
     )
     size: str = Field(default="tiny", description="size preset used when the checkpoint must be built")
     seed: int = Field(default=0, ge=0, description="seed of the built checkpoint's weights and of sampling")
@@ -36,6 +38,11 @@ class PolicySettings(BaseModel):
     )
     top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="nucleus sampling mass, in (0, 1]")
     max_new_tokens: int = Field(default=512, gt=0, description="most tokens generated per turn")
+
+    @field_validator("checkpoint")
+    @classmethod
+    def _shipped(cls, value: str) -> str:
+        return resolve_checkpoint(value)  # bundled:NAME -> its folder, hash checked; a path stays as written
 
     @field_validator("size")
     @classmethod

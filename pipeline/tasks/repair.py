@@ -15,7 +15,9 @@ In the spirit of SWE-smith (mutate working code to mint repair tasks), but at fu
 
 2. `make_repair_tasks(tasks, judge, ...)` draws bug sets (distinct lines, seeded) and keeps one only when the
    sandbox says each of its bugs alone fails the visible tests and so does the whole set; infrastructure
-   errors stop the run instead of deciding anything.
+   errors stop the run instead of deciding anything. The sandbox's report of the whole set's failing run
+   (what `<run_tests/>` would show) is kept in the recipe and shown in the task, as a bug report shows the
+   failing test: the policy starts from the symptom, not only from the code.
 3. The result is a list of `RepairRecipe`s: a task file stores recipes (source task, file, bugs), not copies
    of tests, and `load_repair(path, load_source)` rebuilds each task from its source, refusing a recipe whose original
    lines are not in the source any more. The bugs live in `meta["bugs"]`, which no prompt renders.
@@ -37,7 +39,7 @@ import tokenize
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -198,11 +200,13 @@ class RepairRecipe:
     bugs: tuple[Bug, ...]
     split_by: SplitBy
     seed: int
+    failure: str = ""  # the visible tests' report on the buggy files, recorded when minted ("" if none)
 
     def as_json(self) -> dict:
         return {"task_id": self.task_id, "split": self.split, "source": self.source,
                 "source_path": self.source_path, "source_task": self.source_task, "path": self.path,
-                "bugs": [b.as_json() for b in self.bugs], "split_by": self.split_by, "seed": self.seed}
+                "bugs": [b.as_json() for b in self.bugs], "split_by": self.split_by, "seed": self.seed,
+                **({"failure": self.failure} if self.failure else {})}
 
 
 def _main_file(task: Task) -> str | None:
@@ -224,6 +228,8 @@ def build_task(source_task: Task, recipe: RepairRecipe) -> Task:
     workspace[recipe.path] = apply_bugs(text, recipe.bugs)
     count = len(recipe.bugs)
     note = f"The code in {recipe.path} has {count} bug{'s' if count > 1 else ''}: fix {'them' if count > 1 else 'it'}."
+    if recipe.failure:
+        note += f"\n\nThe visible tests on it:\n{recipe.failure}"
     meta = dict(source_task.meta)
     meta.update({"source_task": source_task.task_id, "bugs": [b.as_json() for b in recipe.bugs],
                  "split_by": recipe.split_by})
@@ -250,6 +256,7 @@ class _RecipeRow(RowModel):
     bugs: list[_BugRow] = Field(min_length=1)
     split_by: Literal["program", "instance"]
     seed: int
+    failure: str = ""
 
 
 def load_repair(path: Path, load_source: Callable[[str, str | None], list[Task]]) -> list[Task]:
@@ -271,7 +278,7 @@ def load_repair(path: Path, load_source: Callable[[str, str | None], list[Task]]
             raise ValueError(f"{row.source_task} has no reference file {row.path!r}")
         bugs = tuple(Bug(b.line, b.family, b.original, b.buggy) for b in row.bugs)
         recipe = RepairRecipe(row.task_id, row.split, row.source, row.source_path, row.source_task, row.path, bugs,
-                              row.split_by, row.seed)
+                              row.split_by, row.seed, row.failure)
         return build_task(source_task, recipe)
 
     return load_rows(Path(path), _RecipeRow, convert)
@@ -307,7 +314,29 @@ def _pick(by_family: dict[str, dict[int, list[Bug]]], k: int, rng: random.Random
     return tuple(sorted(picked, key=lambda b: b.line))
 
 
-Verdict = Callable[[Task, dict], bool]  # (task, workspace) -> the visible tests fail
+# (task, workspace) -> do the visible tests fail? Falsy: they pass; True, or the run's report (a non-empty str,
+# kept in the recipe and shown in the task): they fail
+Verdict = Callable[[Task, dict], bool | str]
+
+
+FAILURE_CHARS = 600  # a bug report's length, not a log
+
+
+def judge_verdict(judge: Any, *, report: bool = True) -> Verdict:
+    """The sandbox's verdict for `make_repair_tasks`: the visible tests' report (what `<run_tests/>` shows)
+    when they fail (True without `report`: the task then shows only the code), "" when they pass; an
+    infrastructure error stops minting instead of deciding anything."""
+    from pipeline.agent.episode import summarize
+
+    def fails(task: Task, workspace: dict) -> bool | str:
+        result = judge.run(task, workspace)
+        if result.status == "infra_error":
+            raise RuntimeError(f"sandbox infrastructure error on {task.task_id}: {result.detail[:200]}")
+        if result.status == "passed":
+            return ""
+        return summarize(result, FAILURE_CHARS) if report else True
+
+    return fails
 
 
 def make_repair_tasks(tasks: Sequence[Task], fails: Verdict, *, n: int, bugs: tuple[int, int] = (1, 3),
@@ -337,7 +366,7 @@ def make_repair_tasks(tasks: Sequence[Task], fails: Verdict, *, n: int, bugs: tu
                 pool.append((task, path, by_family))
     if not pool:
         raise ValueError(f"no task offers {lo} line(s) with bugs of the families {list(families)}")
-    single: dict[tuple[str, Bug], bool] = {}
+    single: dict[tuple[str, Bug], bool | str] = {}
     reference_fails: dict[str, bool] = {}
     seen: set[str] = set()
     out: list[RepairRecipe] = []
@@ -356,7 +385,7 @@ def make_repair_tasks(tasks: Sequence[Task], fails: Verdict, *, n: int, bugs: tu
         if task_id in seen:
             continue
         seen.add(task_id)
-        ok = True
+        ok: bool | str = True
         for bug in picked:
             if (task.task_id, bug) not in single:
                 workspace = dict(task.reference)
@@ -371,7 +400,7 @@ def make_repair_tasks(tasks: Sequence[Task], fails: Verdict, *, n: int, bugs: tu
             problem = str(task.meta.get("problem", task.task_id))
             split = problem_split(problem if split_by == "program" else task_id, test_fraction)
             out.append(RepairRecipe(task_id, split, loader or task.source, source_path, task.task_id, path, picked,
-                                    split_by, seed))
+                                    split_by, seed, ok if isinstance(ok, str) else ""))
             if on_progress is not None:
                 on_progress(len(out), attempts)
     return out

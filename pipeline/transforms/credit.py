@@ -1,14 +1,19 @@
 """Credit on Beam: steps -> sub-diffs, per-task LSH anchors and the advantages the trainer reads.
 
-    steps | Credit(settings) -> {"subdiffs", "anchors", "anchor_members", "advantages", "dead_letter"}
+    steps tables | Credit(settings) -> {"subdiffs", "anchors", "anchor_members", "advantages", "dead_letter"}
 
-    ToCreditInputs  steps-table rows -> the credit core's pure inputs (bad action records -> dead letter)
-    ShardByTask     key by task_id (anchors and task-relative advantages never cross tasks)
-    CreditPerTask   per task: `credit_units` (whole diffs, multi-scale sub-diffs, MinHash LSH, anchors, A^D)
-                    then `assign_advantages` (the estimator), the one credit path of `pipeline.credit`
+    ByTask          each steps table (a part) split by task_id, the columns credit reads only
+    GroupByTask     a task's rows together (anchors and task-relative advantages never cross tasks)
+    CreditPerTask   per task: its rows -> the credit core's pure inputs (bad action records -> dead letter),
+                    `credit_units` (whole diffs, multi-scale sub-diffs, MinHash LSH, anchors, A^D) then
+                    `assign_advantages` (the estimator), the one credit path of `pipeline.credit`; emits one
+                    Arrow table per credit table and task
     Whiten          a batch-scoped estimator only: the mean and std of one episode advantage per trajectory
-                    (a global combine of three numbers), then each row whitened with them; no step holds
-                    the round's rows together
+                    (a global combine of one value per trajectory), then each task's table whitened with
+                    them; no step holds the round's rows together
+
+Every element is an Arrow table (a part, or a task's rows of one table), not a row: Beam encodes a few
+large elements instead of one per row, and the writer concatenates them.
 """
 
 from __future__ import annotations
@@ -17,30 +22,25 @@ import json
 
 import apache_beam as beam
 import numpy as np
+import pyarrow as pa
 from apache_beam.metrics import Metrics
 
 from pipeline.credit import CreditInputError, assign_advantages, credit_units
 from pipeline.credit.advantages import moments_stats, whiten
 from pipeline.credit.estimators import get_estimator
 from pipeline.credit.settings import CreditSettings
-from pipeline.credit_io import CREDIT_TABLES, result_tables, step_input
-from pipeline.schema import DeadLetterRow, StepRow, record_of
+from pipeline.credit_io import CREDIT_TABLES, STEP_COLUMNS, result_tables, step_input, step_records
+from pipeline.schema import DeadLetterRow
+from pipeline.transforms.tables import by_key
 
 _NS = "didpo_credit"
 OUTPUTS = CREDIT_TABLES
 DEAD = "dead_letter"
 
 
-class ToCreditInputsFn(beam.DoFn):
-    def process(self, row: StepRow):
-        record = record_of(row)
-        try:
-            yield step_input(record, source="steps")
-        except CreditInputError as e:
-            Metrics.counter(_NS, "bad_steps").inc()
-            payload = {k: record[k] for k in ("row_id", "traj_id", "task_id", "turn", "action_json")}
-            yield beam.pvalue.TaggedOutput(DEAD, DeadLetterRow(row.row_id, "credit_inputs", str(e),
-                                                               json.dumps(payload)))
+def _by_task(steps: pa.Table):
+    """A steps table -> (task_id, its rows), with only the columns credit reads."""
+    yield from by_key(steps.select(STEP_COLUMNS), "task_id")
 
 
 class CreditPerTaskFn(beam.DoFn):
@@ -51,10 +51,21 @@ class CreditPerTaskFn(beam.DoFn):
         self.settings = settings
 
     def process(self, item):
-        task_id, steps = item
+        task_id, tables = item
+        steps = []
+        for record in step_records(pa.concat_tables(list(tables))):
+            try:
+                steps.append(step_input(record, source="steps"))
+            except CreditInputError as e:
+                Metrics.counter(_NS, "bad_steps").inc()
+                payload = {k: record[k] for k in ("row_id", "traj_id", "task_id", "turn", "action_json")}
+                yield beam.pvalue.TaggedOutput(DEAD, DeadLetterRow(record["row_id"], "credit_inputs", str(e),
+                                                                   json.dumps(payload)))
+        if not steps:
+            return
         try:
             # every estimator's units, not only those it reads: the tables are for analysis too
-            result = assign_advantages(credit_units(list(steps), self.settings), self.settings, whiten=False)
+            result = assign_advantages(credit_units(steps, self.settings), self.settings, whiten=False)
         except CreditInputError as e:
             Metrics.counter(_NS, "bad_task_groups").inc()
             yield beam.pvalue.TaggedOutput(DEAD, DeadLetterRow(task_id, "credit", str(e),
@@ -64,50 +75,57 @@ class CreditPerTaskFn(beam.DoFn):
         Metrics.counter(_NS, "candidates").inc(d.n_candidates)
         Metrics.counter(_NS, "anchors").inc(d.n_anchors)
         for name, table in result_tables(result, OUTPUTS).items():
-            for row in table.to_pylist():
-                yield beam.pvalue.TaggedOutput(name, row)
+            if table.num_rows:
+                yield beam.pvalue.TaggedOutput(name, table)
 
 
-class _Moments(beam.CombineFn):
-    """(count, sum, sum of squares) of floats."""
-
-    def create_accumulator(self):
-        return 0, 0.0, 0.0
-
-    def add_input(self, acc, value):
-        return acc[0] + 1, acc[1] + value, acc[2] + value * value
-
-    def merge_accumulators(self, accs):
-        accs = list(accs)
-        return sum(a[0] for a in accs), sum(a[1] for a in accs), sum(a[2] for a in accs)
-
-    def extract_output(self, acc):
-        return acc
+def _trajectory_values(advantages: pa.Table):
+    """(traj_id, episode advantage) once per trajectory of a task's advantages table (every row of a
+    trajectory holds its trajectory's value, and a trajectory's rows are all in its task's table)."""
+    traj = advantages.column("traj_id").to_pylist()
+    values = advantages.column("episode_advantage").to_pylist()
+    yield from dict(zip(traj, values, strict=True)).items()
 
 
-def _whiten_row(row: dict, moments: tuple[int, float, float], eps: float) -> dict:
+def _batch_moments(pairs: list[tuple[str, float]]) -> tuple[int, float, float]:
+    """(count, sum, sum of squares) of one value per trajectory, summed in traj_id order: the same numbers
+    whatever order the runner delivered them in."""
+    values = np.array([v for _, v in sorted(pairs)], np.float64)
+    return len(values), float(values.sum()), float((values**2).sum())
+
+
+def _whiten_table(table: pa.Table, moments: tuple[int, float, float], eps: float) -> pa.Table:
+    """A task's advantages table whitened with the batch's moments; masked tokens stay 0."""
     mean, std = moments_stats(*moments)
-    mask = np.asarray(row["loss_mask"], np.float64)
-    return {**row, "episode_advantage": float(whiten(row["episode_advantage"], mean, std, eps)),
-            "token_advantages": (whiten(row["token_advantages"], mean, std, eps) * mask).tolist()}
+    episode = whiten(table.column("episode_advantage").to_numpy(), mean, std, eps)
+    tokens = table.column("token_advantages").combine_chunks()
+    mask = table.column("loss_mask").combine_chunks().flatten().to_numpy().astype(np.float64)
+    values = whiten(tokens.flatten().to_numpy(), mean, std, eps) * mask
+    lengths = tokens.value_lengths().to_numpy()
+    offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]), pa.int32())
+    token_type = table.schema.field("token_advantages").type
+    whitened = pa.ListArray.from_arrays(offsets, pa.array(values.astype(np.float32)), type=token_type)
+    table = table.set_column(table.schema.get_field_index("token_advantages"),
+                             table.schema.field("token_advantages"), whitened)
+    return table.set_column(table.schema.get_field_index("episode_advantage"),
+                            table.schema.field("episode_advantage"), pa.array(episode.astype(np.float32)))
 
 
 class Whiten(beam.PTransform):
-    """Advantages rows of a batch-scoped estimator, whitened over the batch's trajectories."""
+    """Advantages tables of a batch-scoped estimator, whitened over the batch's trajectories."""
 
     def __init__(self, eps: float) -> None:
         super().__init__()
         self.eps = eps
 
-    def expand(self, rows: beam.PCollection):
+    def expand(self, tables: beam.PCollection):
         moments = (
-            rows
-            | "OnePerTrajectory" >> beam.Map(lambda r: (r["traj_id"], r["episode_advantage"]))
-            | "FirstOfTrajectory" >> beam.CombinePerKey(lambda values: next(iter(values)))
-            | "Values" >> beam.Values()
-            | "BatchMoments" >> beam.CombineGlobally(_Moments())
+            tables
+            | "OnePerTrajectory" >> beam.FlatMap(_trajectory_values)
+            | "AllTrajectories" >> beam.combiners.ToList()
+            | "BatchMoments" >> beam.Map(_batch_moments)
         )
-        return rows | "WhitenRows" >> beam.Map(_whiten_row, beam.pvalue.AsSingleton(moments), self.eps)
+        return tables | "WhitenTables" >> beam.Map(_whiten_table, beam.pvalue.AsSingleton(moments), self.eps)
 
 
 class Credit(beam.PTransform):
@@ -116,15 +134,14 @@ class Credit(beam.PTransform):
         self.settings = settings
 
     def expand(self, steps: beam.PCollection):
-        inputs = steps | "ToCreditInputs" >> beam.ParDo(ToCreditInputsFn()).with_outputs(DEAD, main="inputs")
         groups = (
-            inputs["inputs"]
-            | "ShardByTask" >> beam.Map(lambda s: (s.task_id, s))
+            steps
+            | "ByTask" >> beam.FlatMap(_by_task)
             | "GroupByTask" >> beam.GroupByKey()
             | "CreditPerTask" >> beam.ParDo(CreditPerTaskFn(self.settings)).with_outputs(*OUTPUTS, DEAD)
         )
         out = {name: groups[name] for name in OUTPUTS}
         if get_estimator(self.settings.estimator).scope == "batch":
             out["advantages"] = out["advantages"] | "Whiten" >> Whiten(self.settings.std_eps)
-        out[DEAD] = (inputs[DEAD], groups[DEAD]) | "CollectDeadLetters" >> beam.Flatten()
+        out[DEAD] = groups[DEAD]
         return out

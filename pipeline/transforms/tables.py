@@ -1,13 +1,20 @@
-"""Contract tables in and out of Beam: validated reads, deterministic atomic sharded writes."""
+"""Contract tables in and out of Beam: validated reads, deterministic atomic sharded writes.
+
+Elements are Arrow tables (a part, a task's rows), not rows: Beam then moves and encodes a few large
+elements instead of thousands of small ones, and a part is written by concatenating them.
+"""
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 from apache_beam.metrics import Metrics
 
 from pipeline import schema
@@ -18,48 +25,75 @@ def shard_of(key: str, num_shards: int) -> int:
     return int.from_bytes(hashlib.sha256(key.encode("utf-8", "surrogatepass")).digest()[:8], "big") % num_shards
 
 
-def _write_part(item: tuple[int, Iterable[Any]], folder: str, table: str, sort_key: Callable[[Any], Any],
+def as_table(element: Any, table: str) -> pa.Table:
+    """A row (dataclass or contract dict) or an Arrow table of rows -> an Arrow table of the contract."""
+    return element if isinstance(element, pa.Table) else schema.to_arrow(table, [element])
+
+
+def by_key(data: pa.Table, key: str) -> Iterator[tuple[str, pa.Table]]:
+    """(value, its rows) per distinct value of column `key`, by value; rows keep their order within each."""
+    keys = np.asarray(data.column(key).to_pylist(), dtype=object)
+    if len(keys) and (keys == keys[0]).all():  # the common case: one task's rows
+        yield keys[0], data
+        return
+    order = np.argsort(keys, kind="stable")
+    cuts = np.flatnonzero(keys[order][1:] != keys[order][:-1]) + 1
+    for rows in np.split(order, cuts) if len(order) else ():
+        yield keys[rows[0]], data.take(rows)
+
+
+def _by_shard(element: Any, table: str, key: str, num_shards: int) -> Iterator[tuple[int, pa.Table]]:
+    shards: dict[int, list[pa.Table]] = {}
+    for value, rows in by_key(as_table(element, table), key):
+        shards.setdefault(shard_of(value, num_shards), []).append(rows)
+    for shard, parts in shards.items():
+        yield shard, pa.concat_tables(parts)
+
+
+def _write_part(item: tuple[int, Iterable[pa.Table]], folder: str, table: str, sort_by: Sequence[str],
                 prefix: str) -> tuple[str, str, int]:
-    shard, rows = item
-    rows = sorted(rows, key=sort_key)  # same rows -> byte-identical part, whatever order Beam delivered
-    path = schema.write_table(rows, folder, table, part=f"{prefix}{shard:05d}")
-    Metrics.counter("didpo_tables", f"{table}_rows").inc(len(rows))
-    return table, str(path), len(rows)
+    shard, batches = item
+    data = pa.concat_tables(list(batches))
+    # same rows -> byte-identical part, whatever order and batches Beam delivered them in: a stable sort,
+    # then one chunk per column (Parquet's pages follow the chunks)
+    data = data.take(pc.sort_indices(data, [(k, "ascending") for k in sort_by])).combine_chunks()
+    path = schema.write_table(data, folder, table, part=f"{prefix}{shard:05d}")
+    Metrics.counter("didpo_tables", f"{table}_rows").inc(data.num_rows)
+    return table, str(path), data.num_rows
 
 
 class WriteTable(beam.PTransform):
-    """rows -> `<round_dir>/<table>/part-<shard>.parquet`.
+    """Arrow tables of a contract table's rows (or single rows) -> `<round_dir>/<table>/part-<shard>.parquet`.
 
-    Rows are placed by a stable hash of `key_fn(row)` and sorted inside each part, so a rerun writes the same
-    bytes to the same files; each part is written atomically (temp + rename). `prefix` keeps the parts of two
-    stages that write the same table apart (dead letters). Emits (table, path, n_rows).
+    Rows are placed by a stable hash of their `key` column and sorted by the `sort_by` columns inside each
+    part, so a rerun writes the same bytes to the same files; each part is written atomically (temp +
+    rename). `prefix` keeps the parts of two stages that write the same table apart (dead letters). Emits
+    (table, path, n_rows).
     """
 
-    def __init__(self, round_dir: str | Path, table: str, key_fn: Callable[[Any], str],
-                 sort_key: Callable[[Any], Any] | None = None, num_shards: int = 4, prefix: str = "") -> None:
+    def __init__(self, round_dir: str | Path, table: str, key: str, sort_by: Sequence[str] = (),
+                 num_shards: int = 4, prefix: str = "") -> None:
         super().__init__()
-        schema.arrow_schema(table)  # unknown table: fail at graph construction, not on a worker
+        names = schema.columns(table)  # unknown table or column: fail at graph construction, not on a worker
+        if unknown := [c for c in (key, *sort_by) if c not in names]:
+            raise schema.SchemaError(f"table {table!r} has no column(s) {unknown}")
         self.folder = str(schema.table_dir(round_dir, table))
-        self.table, self.key_fn, self.num_shards = table, key_fn, num_shards
-        self.sort_key = sort_key or key_fn
+        self.table, self.key, self.num_shards = table, key, num_shards
+        self.sort_by = tuple(sort_by) or (key,)
         self.prefix = prefix
 
-    def expand(self, rows: beam.PCollection) -> beam.PCollection:
-        key_fn, n = self.key_fn, self.num_shards
+    def expand(self, tables: beam.PCollection) -> beam.PCollection:
         return (
-            rows
-            | "KeyByShard" >> beam.Map(lambda r: (shard_of(key_fn(r), n), r))
+            tables
+            | "KeyByShard" >> beam.FlatMap(_by_shard, self.table, self.key, self.num_shards)
             | "GroupShards" >> beam.GroupByKey()
-            | "WriteParts" >> beam.Map(_write_part, self.folder, self.table, self.sort_key, self.prefix)
+            | "WriteParts" >> beam.Map(_write_part, self.folder, self.table, self.sort_by, self.prefix)
         )
 
 
-def _read_part(path: str, table: str) -> Iterable[Any]:
-    yield from schema.read_rows(path, table)
-
-
 class ReadTable(beam.PTransform):
-    """A contract table's parts -> row dataclasses, each part validated against the schema on the worker."""
+    """A contract table's parts -> one Arrow table per part, each validated against the schema on the
+    worker."""
 
     def __init__(self, round_dir: str | Path, table: str) -> None:
         super().__init__()
@@ -70,5 +104,5 @@ class ReadTable(beam.PTransform):
         return (
             pbegin
             | "ListParts" >> beam.Create(self.parts)
-            | "ReadParts" >> beam.FlatMap(_read_part, self.table)
+            | "ReadParts" >> beam.Map(schema.read_table, self.table)
         )

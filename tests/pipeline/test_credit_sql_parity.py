@@ -195,7 +195,7 @@ def test_the_round_exercises_every_rule(steps_table, tmp_path) -> None:
     gaps = [i for i in anchored if len(sub["token_spans"][i]) > 1]
     assert gaps
     i = gaps[0]
-    inside = {t for span in sub["token_spans"][i] for t in range(span["start"], span["end"])}
+    inside = {t for start, end in sub["token_spans"][i] for t in range(start, end)}
     assert len(inside) < sub["token_end"][i] - sub["token_start"][i]
     # 2. anchors with equal GS (their order on a shared token is decided by the tie rule, below)
     gs = anchors["gs"]
@@ -212,8 +212,8 @@ def _shared_tokens(result) -> dict[tuple[str, int], set[str]]:
     holders: dict[tuple[str, int], set[str]] = {}
     for anchor_id, sid in zip(members["anchor_id"], members["subdiff_id"], strict=True):
         i = index[sid]
-        for span in sub["token_spans"][i]:
-            for t in range(span["start"], span["end"]):
+        for start, end in sub["token_spans"][i]:
+            for t in range(start, end):
                 holders.setdefault((sub["row_id"][i], t), set()).add(anchor_id)
     return {key: anchors for key, anchors in holders.items() if len(anchors) > 1}
 

@@ -24,9 +24,10 @@ from training.pretrain import (
     pretrain,
     pretrain_examples,
     pretrain_files,
+    rehearsal_examples,
     respelled,
 )
-from training.pretrain_settings import PretrainSettings, PretrainStage
+from training.pretrain_settings import DEFAULT_STAGES, REHEARSAL_MIX, PretrainSettings, PretrainStage
 
 FILE = (
     "def count_even(xs):\n"
@@ -205,6 +206,16 @@ def test_respelled_rows_answer_from_the_respelled_file(tokenizer):
         assert row.response_text in prompt
 
 
+def test_rehearsal_rows_are_the_copying_stage_rows_on_respelled_files(tokenizer):
+    files = pretrain_files(load_source("mbpp", split="train", limit=30))
+    rows = rehearsal_examples(files, tokenizer, n=40, seed=5)
+    assert rows == pretrain_examples(files, tokenizer, n=40, seed=5, mix=REHEARSAL_MIX, respell=True)
+    assert {r.kind for r in rows} == set(REHEARSAL_MIX) == set(next(s for s in DEFAULT_STAGES if s.respell).mix)
+    originals = {line.strip() for _, text in files for line in text.splitlines()}
+    quotes = [r for r in rows if r.kind == "quote_line"]
+    assert quotes and sum(r.response_text.strip() not in originals for r in quotes) >= len(quotes) // 2
+
+
 def test_library_files_are_seeded_short_parsable_functions_of_the_standard_library():
     import ast
     import inspect
@@ -257,3 +268,29 @@ def test_stages_train_in_order_resume_and_measure_on_held_out_files(tmp_path):
     again = pretrain(settings, tmp_path, command="test")
     assert again["sha256"] == report["sha256"]
     assert (tmp_path / "stages" / "2-short" / "model.safetensors").stat().st_mtime_ns == stamp
+
+
+@pytest.mark.slow
+def test_a_short_default_recipe_builds_a_base_a_pipeline_round_starts_from(tmp_path):
+    """The shipped base's recipe (every default stage, a few steps each, the tiny size, few files), then a
+    pipeline round whose policy is that base: the path `make demo` takes from models/base."""
+    from typer.testing import CliRunner
+
+    from pipeline import schema
+    from pipeline.tasks.settings import TaskSourceSpec, TasksSettings
+    from workflows.cli import app
+
+    short = tuple(s.model_copy(update={"steps": 2, "warmup_steps": 1, "max_tokens_per_batch": 512})
+                  for s in DEFAULT_STAGES)
+    settings = PretrainSettings(size="tiny", eval_questions=2, stages=short,
+                                tasks=TasksSettings(train=(TaskSourceSpec(source="mbpp", split="train", limit=10),),
+                                                    eval=(TaskSourceSpec(source="mbpp", split="test", limit=2),)))
+    report = pretrain(settings, tmp_path / "base", command="test")
+    assert [s["name"] for s in report["stages"]] == [s.name for s in DEFAULT_STAGES]
+    result = CliRunner().invoke(app, [
+        "pipeline", "run", "--checkpoint", str(tmp_path / "base" / "final"), "--set", f"run.root={tmp_path / 'runs'}",
+        "--set", "tasks.train=[{source: mbpp, split: train, limit: 1}]", "--set", "pipeline.samples_per_task=2",
+        "--set", "episode.max_turns=1", "--set", "policy.max_new_tokens=16"])
+    assert result.exit_code == 0, result.output
+    steps = schema.read_table(tmp_path / "runs" / "local" / "round=0" / "steps", "steps").to_pylist()
+    assert len(steps) == 2 and {s["turn"] for s in steps} == {0}

@@ -10,7 +10,7 @@ from pipeline.credit import compute_credit
 from pipeline.credit.anchors import Cluster, cut_overlaps, facility_location
 from pipeline.credit.diffs import whole_diff
 from pipeline.credit.normalize import comparison_tokens, normalize_line
-from pipeline.credit.similarity import ShingleSets, cluster_texts, minhash_signatures
+from pipeline.credit.similarity import ShingleSets, band_buckets, cluster_texts, minhash_signatures
 from pipeline.credit_io import result_columns
 
 BASE = "def f(xs):\n    total = 0\n    for x in xs:\n        total += x\n    return total\n"
@@ -85,7 +85,7 @@ def test_clustering_does_not_chain_transitively():
     shingles = ShingleSets([a, b, c], shingle_size=1)
     assert shingles.jaccard(0, 1) >= 0.8 and shingles.jaccard(1, 2) >= 0.8 and shingles.jaccard(0, 2) < 0.8
     signatures = minhash_signatures(shingles, 64, seed=1)
-    rep_of = cluster_texts([0, 1, 2], signatures, shingles, eta=0.8, lsh_threshold=0.5, seed=1)
+    rep_of = cluster_texts([0, 1, 2], band_buckets(signatures, 0.5), shingles, eta=0.8)
     assert rep_of == {0: 0, 1: 0, 2: 2}  # C is close to B but not to A, B's representative
 
 
@@ -122,14 +122,14 @@ def test_subdiff_token_ranges_match_their_characters(same_function_batch):
         touching = np.flatnonzero((starts < ce) & (ends > cs) & (ends > starts))
         assert (ts, te) == (touching[0], touching[-1] + 1)
         # the exact spans: char_spans within the bounds, token_spans = the tokens touching them, nothing else
-        chars = [(c["start"], c["end"]) for c in sub["char_spans"][i]]
+        chars = list(sub["char_spans"][i])
         assert chars[0][0] == cs and chars[-1][1] == ce and chars == sorted(chars)
         exact = np.zeros(len(starts), bool)
         for c0, c1 in chars:
             exact |= (starts < c1) & (ends > c0) & (ends > starts)
         tokens = np.zeros(len(starts), bool)
-        for t in sub["token_spans"][i]:
-            tokens[t["start"] : t["end"]] = True
+        for t0, t1 in sub["token_spans"][i]:
+            tokens[t0:t1] = True
         np.testing.assert_array_equal(tokens, exact)
         checked += 1
     assert checked == len(sub["row_id"]) > 10

@@ -187,3 +187,25 @@ def test_a_task_file_rebuilds_the_tasks_and_the_bugs_never_reach_a_prompt(tmp_pa
         load_source("repair", path)
     with pytest.raises(ValueError, match="no bundled file"):
         load_source("repair")
+
+
+def test_the_failing_run_of_the_whole_bug_set_is_kept_and_shown_as_a_bug_report(tmp_path, mbpp_tasks):
+    def reports(task, workspace):  # names the file it ran on, so the test sees which run's report is kept
+        if workspace == dict(task.reference):
+            return ""
+        return f"FAILED check_00.py:8 -> ran on {len(workspace['solution.py'])} chars"
+
+    recipes = make_repair_tasks(mbpp_tasks, reports, n=10, bugs=(1, 3), seed=4)
+    assert any(len(r.bugs) > 1 for r in recipes)
+    write_recipes(recipes, tmp_path / "repair.jsonl")
+    for task, recipe in zip(load_source("repair", tmp_path / "repair.jsonl"), recipes, strict=True):
+        all_bugs = apply_bugs(task.reference["solution.py"], recipe.bugs)  # every bug at once, not one alone
+        assert recipe.failure == f"FAILED check_00.py:8 -> ran on {len(all_bugs)} chars"
+        prompt = Episode(task, None, EpisodeSettings()).render_prompt()
+        assert f"The visible tests on it:\n{recipe.failure}" in prompt
+    # a verdict without reports draws the same tasks, shown with the code only, written as before
+    bare = make_repair_tasks(mbpp_tasks, _recorder()[0], n=10, bugs=(1, 3), seed=4)
+    assert [r.task_id for r in bare] == [r.task_id for r in recipes]
+    write_recipes(bare, tmp_path / "bare.jsonl")
+    assert "failure" not in (tmp_path / "bare.jsonl").read_text()
+    assert all("visible tests on it" not in t.instructions for t in load_source("repair", tmp_path / "bare.jsonl"))

@@ -88,7 +88,9 @@ def test_show_refuses_unknown_ids():
 @pytest.mark.slow
 def test_make_repair_mints_tasks_the_sandbox_confirms(tmp_path):
     from pipeline.sandbox import Judge, SandboxPool, SandboxSettings
+    from pipeline.agent.episode import summarize
     from pipeline.tasks import load_source
+    from pipeline.tasks.repair import FAILURE_CHARS
 
     out = tmp_path / "repair.jsonl"
     result = invoke("make-repair", "--from", "mbpp", "--split", "train", "--limit", "12", "--n", "5",
@@ -100,7 +102,10 @@ def test_make_repair_mints_tasks_the_sandbox_confirms(tmp_path):
     with SandboxPool(SandboxSettings(pool_size=1)) as pool:
         judge = Judge(pool)
         for task in tasks:  # the buggy workspace fails its visible tests, the reference passes them
-            assert judge.run(task, task.workspace).status in ("failed", "crashed", "timeout"), task.task_id
+            ran = judge.run(task, task.workspace)
+            assert ran.status in ("failed", "crashed", "timeout"), task.task_id
+            # and the task shows that failing run as the observation of `<run_tests/>` would
+            assert f"The visible tests on it:\n{summarize(ran, FAILURE_CHARS)}" in task.instructions
             assert judge.run(task, task.reference).status == "passed", task.task_id
             assert judge.run(task, task.reference, hidden=True).status == "passed", task.task_id
 
