@@ -36,8 +36,8 @@ from types import MappingProxyType
 from typing import Any
 
 from pipeline.agent.episode import render_file
-from pipeline.assets import PRETRAIN_REPORT
 from pipeline.agent.grammar import Action, render_action
+from pipeline.assets import PRETRAIN_REPORT
 from pipeline.tasks.base import Task
 from training.demonstrations import SftExample, generation_header, mutate_line, search_replace_edits
 from training.pretrain_settings import PRETRAIN_KINDS, REHEARSAL_MIX

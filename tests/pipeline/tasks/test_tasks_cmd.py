@@ -87,8 +87,8 @@ def test_show_refuses_unknown_ids():
 
 @pytest.mark.slow
 def test_make_repair_mints_tasks_the_sandbox_confirms(tmp_path):
-    from pipeline.sandbox import Judge, SandboxPool, SandboxSettings
     from pipeline.agent.episode import summarize
+    from pipeline.sandbox import Judge, SandboxPool, SandboxSettings
     from pipeline.tasks import load_source
     from pipeline.tasks.repair import FAILURE_CHARS
 
