@@ -404,6 +404,7 @@ def _train_round(
     import deepspeed
 
     from pipeline.policy.loading import check_checkpoint, load_policy, load_tokenizer
+    from training.cpu_shims import skip_cpu_shm_comm
 
     t_start = time.perf_counter()
     out = Path(out_dir)
@@ -447,6 +448,8 @@ def _train_round(
         actor = make_actor(model)
         optimizer = torch.optim.AdamW(actor.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
         scheduler = lr_scheduler(optimizer, settings, total_steps)
+        if not cuda:
+            skip_cpu_shm_comm()  # never used by the update; its JIT build can hang on a killed run's lock
         engine, _, _, _ = deepspeed.initialize(
             model=actor,
             optimizer=optimizer,

@@ -28,7 +28,7 @@ from rich.console import Console
 from rich.table import Table
 
 from pipeline import schema
-from pipeline.storage import Location, local_copy, location, output_folder, work_dir
+from pipeline.storage import Location, local_copy, location, output_folder, work_dir, write_file
 from training.config import DidpoConfig
 
 
@@ -81,6 +81,10 @@ def run_rounds(cfg: DidpoConfig, rounds: int | None = None, console: Console | N
     policy = resolve_policy(cfg.policy)
     policy_at = cold_start(cfg, policy, eval_tasks, run_dir, console)  # where policy k is (shown, recorded)
     policy = local_copy(policy_at)  # one download per policy
+    baseline = None
+    if cfg.sft.enabled:  # the cold start's held-out check: what the rounds must beat
+        inputs = stage_inputs(cfg, version=policy_version(policy), tasks=train_tasks, eval_tasks=eval_tasks)
+        baseline = sft_baseline(run_dir, inputs["eval"], lambda: quick_eval(policy, eval_tasks, cfg))
     rows = []
     for k in range(rounds):
         console.rule(f"round {k}")
@@ -129,8 +133,36 @@ def run_rounds(cfg: DidpoConfig, rounds: int | None = None, console: Console | N
             train_s=stage_s.get("train", 0.0), eval_s=stage_s.get("eval", 0.0), no_update=no_update,
         ))
     write_rounds_table(rows, run_dir)
-    print_rounds_table(rows, console)
+    print_rounds_table(rows, console, baseline, held_out=describe_held_out(eval_tasks[: cfg.eval.max_tasks]))
     return rows
+
+
+SFT_HELDOUT = "sft_heldout.json"  # <run>/sft_heldout.json: the cold start's held-out metrics and their inputs
+
+
+def sft_baseline(run_dir: Location, inputs: dict, measure) -> dict[str, float]:
+    """The SFT policy's held-out metrics (`measure()`, the rounds' own quick evaluation), measured once for
+    the same eval inputs and kept beside the rounds (not in the policy folder, whose files are its version)."""
+    path = run_dir / SFT_HELDOUT
+    if path.exists():
+        record = json.loads(path.read_text())
+        if record.get("inputs") == inputs:
+            return record["metrics"]
+    start = time.perf_counter()
+    metrics = measure() | {"seconds": time.perf_counter() - start}
+    text = json.dumps({"inputs": inputs, "metrics": metrics}, indent=2, sort_keys=True) + "\n"
+    write_file(path, lambda tmp: Path(tmp).write_text(text))
+    return metrics
+
+
+def describe_held_out(tasks) -> str:
+    """What the held-out pass rate measures, for every table that shows it: count, sources and, for minted
+    repair tasks, which split (unseen programs, or unseen bugs of training programs)."""
+    sources = sorted({t.source for t in tasks})
+    splits = sorted({t.meta.get("split_by") for t in tasks if t.meta.get("split_by")})
+    kind = {"program": "unseen programs", "instance": "unseen bugs of training programs (in-distribution)"}
+    where = f"; {', '.join(kind.get(s, s) for s in splits)}" if splits else ""
+    return f"{len(tasks)} {'/'.join(sources)} tasks{where}"
 
 
 SFT_DIR = "sft"  # <run>/sft: the cold-started policy 0
@@ -198,8 +230,10 @@ def write_rounds_table(rows: list[RoundRow], run_dir: Location) -> None:
     schema.atomic_write(run_dir / "rounds.json", lambda tmp: Path(tmp).write_text(text))
 
 
-def print_rounds_table(rows: list[RoundRow], console: Console) -> None:
-    """One column per round, one line per metric: readable at any terminal width."""
+def print_rounds_table(rows: list[RoundRow], console: Console, baseline: dict[str, float] | None = None,
+                       held_out: str = "") -> None:
+    """One column per round, one line per metric: readable at any terminal width. `baseline` (the SFT
+    policy's held-out metrics) adds a first column, so each round's held-out pass rate sits beside it."""
     lines = [("mean return (rollouts)", "mean_return", "{:+.3f}"),
              ("pass rate (rollouts, lost = not passed)", "rollout_pass_rate", "{:.2f}"),
              ("rollouts", "rollouts", "{}"), ("lost to sandbox failures", "lost_to_sandbox", "{}"),
@@ -211,13 +245,18 @@ def print_rounds_table(rows: list[RoundRow], console: Console) -> None:
              ("train s", "train_s", "{:.0f}"), ("eval s", "eval_s", "{:.0f}")]
     est = rows[0] if rows else None
     title = f"policy rounds ({est.estimator}, lambda {est.lam})" if est else "policy rounds"
-    table = Table(title=title)
+    table = Table(title=title, caption=f"held out: {held_out}" if held_out else None)
     table.add_column("metric")
+    if baseline is not None:
+        table.add_column("SFT start", justify="right")
     for r in rows:
         table.add_column(f"round {r.round}", justify="right")
+    from_baseline = {"heldout_pass_rate": "pass_rate", "heldout_invalid_rate": "invalid_rate", "eval_s": "seconds"}
     for label, name, fmt in lines:
         cells = ["-" if v != v else fmt.format(v) for v in (getattr(r, name) for r in rows)]  # NaN: no steps
         if name == "loss":  # a round that trained nothing says why instead of "-"
             cells = [r.no_update or c for r, c in zip(rows, cells, strict=True)]
+        if baseline is not None:
+            cells = [fmt.format(baseline[from_baseline[name]]) if name in from_baseline else "", *cells]
         table.add_row(label, *cells)
     console.print(table)

@@ -30,6 +30,7 @@ from pipeline.tasks.taskfile import load_task_file
 __all__ = [
     "BUNDLED_DIR",
     "BUNDLED_FILES",
+    "MINTED_FILES",
     "SOURCES",
     "Task",
     "TaskFormatError",
@@ -54,7 +55,8 @@ SOURCES: Mapping[str, Loader] = MappingProxyType(
         "mbppplus": load_mbppplus,
         "humanevalfix": load_humanevalfix,
         "exercism": load_exercism,
-        # minted by `didpo tasks make-repair` from the others (no bundled file); rebuilt through this registry
+        # minted by `didpo tasks make-repair` from the others (a curriculum ships, `MINTED_FILES`); rebuilt
+        # through this registry
         "repair": lambda path: load_repair(path, load_source),
         # DiDPO's own format (docs/tasks.md): a user's tasks under the user's source names
         "file": load_task_file,
@@ -74,6 +76,9 @@ BUNDLED_FILES: Mapping[str, str] = MappingProxyType(
         "exercism": "exercism_python.jsonl",
     }
 )
+# Task files minted from the bundled sets and shipped as their source's default file (data/README.md says
+# how each was made). Not benchmarks of their own, so outside BUNDLED_FILES (`load_bundled`, `didpo eval`).
+MINTED_FILES: Mapping[str, str] = MappingProxyType({"repair": "repair_mbpp.jsonl"})
 SPLITS: tuple[Split, ...] = ("train", "validation", "test")
 
 
@@ -103,10 +108,11 @@ def load_source(
         raise ValueError(f"ids must be a list of task ids, not the string {ids!r}")
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be >= 1 (or None for all), got {limit}")
-    if path is None and source not in BUNDLED_FILES:
+    default = BUNDLED_FILES.get(source) or MINTED_FILES.get(source)
+    if path is None and default is None:
         raise ValueError(f"source {source!r} has no bundled file: give the path of one "
                          "(`didpo tasks make-repair` writes repair task files, docs/tasks.md explains task files)")
-    file = BUNDLED_DIR / BUNDLED_FILES[source] if path is None else Path(path)
+    file = BUNDLED_DIR / default if path is None else Path(path)
     if not file.is_file():
         raise FileNotFoundError(f"task file for source {source!r} not found: {file}")
     tasks = SOURCES[source](file)

@@ -10,7 +10,7 @@ import shutil
 import pytest
 
 import pipeline.assets as assets
-from pipeline.policy.loading import check_checkpoint
+from pipeline.policy.loading import check_checkpoint, checkpoint_parameters, load_policy
 from pipeline.policy.settings import PolicySettings
 
 
@@ -48,3 +48,15 @@ def test_unknown_unrecorded_and_tampered_checkpoints_are_refused(shipped):
     assets._verified.cache_clear()
     with pytest.raises(ValueError, match="no sha256"):
         PolicySettings(checkpoint="bundled:tiny")
+
+
+def test_the_shipped_base_matches_its_recorded_hash_and_loads():
+    """models/base as committed: the weights hash to what its report records, and they load as a policy."""
+    assets._verified.cache_clear()
+    folder = assets.resolve_checkpoint("bundled:base")  # raises on a hash mismatch or a Git LFS pointer
+    report = json.loads((assets.asset_dir("models") / "base" / assets.PRETRAIN_REPORT).read_text())
+    digest = hashlib.sha256((assets.asset_dir("models") / "base" / "model.safetensors").read_bytes()).hexdigest()
+    assert digest == report["sha256"]["model.safetensors"]
+    assert report["settings"]["seed"] == 0 and report["command"].startswith("didpo model pretrain")
+    model = load_policy(folder)
+    assert sum(p.numel() for p in model.parameters()) == report["parameters"] == checkpoint_parameters(folder)

@@ -33,9 +33,15 @@ def _config(root, checkpoint):
 
 def test_one_round_runs_every_stage_and_resumes(tmp_path, tiny_policy):
     cfg = _config(tmp_path / "runs", tiny_policy)
-    rows = run_rounds(cfg, 1, console=Console(quiet=True))
+    console = Console(record=True, width=200)
+    rows = run_rounds(cfg, 1, console=console)
     assert len(rows) == 1 and rows[0].round == 0 and rows[0].estimator == "didpo"
     run_dir = tmp_path / "runs" / "local"
+    # the SFT start's held-out check sits beside the rounds' in the closing table, which says what is held out
+    baseline = json.loads((run_dir / "sft_heldout.json").read_text())
+    assert baseline["metrics"]["tasks"] == 2 and 0.0 <= baseline["metrics"]["pass_rate"] <= 1.0
+    text = console.export_text()
+    assert "SFT start" in text and "held out: 2 humanevalfix tasks" in text
     manifest = schema.read_manifest(run_dir / "round=0")
     assert set(manifest.stages) == {"rollouts", "credit", "train", "eval"}
     assert 0.0 <= manifest.stages["eval"]["metrics"]["pass_rate"] <= 1.0
@@ -51,7 +57,9 @@ def test_one_round_runs_every_stage_and_resumes(tmp_path, tiny_policy):
     assert table[0]["anchors"] == rows[0].anchors
 
     stamps = {k: v["completed_at"] for k, v in manifest.stages.items()}
+    measured = (run_dir / "sft_heldout.json").stat().st_mtime_ns
     again = run_rounds(cfg, 1, console=Console(quiet=True))  # a rerun resumes: nothing is redone
+    assert (run_dir / "sft_heldout.json").stat().st_mtime_ns == measured
     assert again[0].heldout_pass_rate == rows[0].heldout_pass_rate
     assert {k: v["completed_at"] for k, v in schema.read_manifest(run_dir / "round=0").stages.items()} == stamps
 
@@ -142,8 +150,10 @@ def test_a_round_runs_on_repair_tasks_split_by_program(tmp_path, tiny_policy):
         f"tasks.eval=[{{source: repair, path: {path}, split: test, limit: 2}}]",
         "sft.tasks={train: [{source: mbpp, split: validation, limit: 4}], eval: [{source: humanevalfix, limit: 2}]}", "sft.max_steps=2", "sft.warmup_steps=0", "sft.rl_task_episodes=1",
     ])
-    rows = run_rounds(cfg, 1, console=Console(quiet=True))
+    console = Console(record=True, width=200)
+    rows = run_rounds(cfg, 1, console=console)
     assert len(rows) == 1 and 0.0 <= rows[0].heldout_pass_rate <= 1.0
+    assert "held out: 2 repair tasks; unseen programs" in console.export_text()  # the table names its split
     trajectories = schema.read_table(tmp_path / "runs" / "local" / "round=0" / "trajectories", "trajectories").to_pylist()
     train_ids = {r.task_id for r in recipes if r.split == "train"}
     assert trajectories and {t["task_id"] for t in trajectories} <= train_ids  # rollouts on train programs only

@@ -6,7 +6,7 @@ import hashlib
 
 import pytest
 
-from pipeline.tasks import BUNDLED_DIR, BUNDLED_FILES, load_source
+from pipeline.tasks import BUNDLED_DIR, BUNDLED_FILES, MINTED_FILES, load_source
 from pipeline.tasks.mbpp import BROKEN_REFERENCES
 
 
@@ -55,7 +55,16 @@ SHARED_COUNTS = {
 
 
 def test_shared_counts_cover_every_bundled_file():
-    assert sorted(SHARED_COUNTS) == data_files()
+    assert sorted(SHARED_COUNTS) == sorted(set(data_files()) - set(MINTED_FILES.values()))
+
+
+def test_the_minted_curriculum_is_the_repair_default_split_by_program():
+    tasks = load_source("repair")
+    train, test = ([t for t in tasks if t.split == s] for s in ("train", "test"))
+    assert (len(train), len(test)) == (207, 93)
+    programs = {s: {t.meta["problem"] for t in group} for s, group in (("train", train), ("test", test))}
+    assert not programs["train"] & programs["test"]
+    assert all(t.meta["problem"].startswith("mbpp:") for t in tasks)
 
 
 @pytest.mark.slow

@@ -185,8 +185,9 @@ def test_a_task_file_rebuilds_the_tasks_and_the_bugs_never_reach_a_prompt(tmp_pa
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     with pytest.raises(TaskFormatError, match=r"repair.jsonl:2: line \d+ is not"):
         load_source("repair", path)
+    assert {t.source for t in load_source("repair", split="test", limit=3)} == {"repair"}  # the bundled curriculum
     with pytest.raises(ValueError, match="no bundled file"):
-        load_source("repair")
+        load_source("file")
 
 
 def test_the_failing_run_of_the_whole_bug_set_is_kept_and_shown_as_a_bug_report(tmp_path, mbpp_tasks):
