@@ -299,7 +299,7 @@ def rehearsal_examples(files: Sequence[tuple[str, str]], tokenizer: Any, *, n: i
 
 
 def copy_accuracy(checkpoint: Any, files: Sequence[tuple[str, str]], *, n: int, seed: int,
-                  kind: str = "quote_line", batch_size: int = 8) -> dict[str, Any]:
+                  kind: str = "quote_line", batch_size: int = 8, device: str = "cpu") -> dict[str, Any]:
     """Greedy answers to `n` seeded questions of `kind` on `files`: the share answered verbatim (whitespace at
     the ends ignored), with a few (expected, got) samples."""
     import torch
@@ -319,7 +319,7 @@ def copy_accuracy(checkpoint: Any, files: Sequence[tuple[str, str]], *, n: int, 
             asks.append(prompt_ids(tokenizer, task[0]))
             answers.append(task[1])
     longest = max(len(tokenizer(a, add_special_tokens=False)["input_ids"]) for a in answers)
-    settings = PolicySettings(checkpoint=str(checkpoint), temperature=0.0, max_new_tokens=longest + 8)
+    settings = PolicySettings(checkpoint=str(checkpoint), temperature=0.0, max_new_tokens=longest + 8, device=device)
     generator = load_generator(settings, batch_invariant=False)
     requests = [GenerationRequest(str(i), list(ids), seed + i) for i, ids in enumerate(asks)]
     with torch.random.fork_rng(devices=[]):
@@ -387,14 +387,15 @@ def pretrain(settings: Any, work_dir: Any, *, command: str = "") -> dict[str, An
         rows = _rows_for(stage, short + mosaic + library, tokenizer, settings.seed + i)
         sft = SftSettings(lr=stage.lr, schedule=stage.schedule, adam_betas=stage.adam_betas,
                           warmup_steps=stage.warmup_steps, max_steps=stage.steps, epochs=100,
-                          max_tokens_per_batch=stage.max_tokens_per_batch, seed=settings.seed + i)
+                          max_tokens_per_batch=stage.max_tokens_per_batch, seed=settings.seed + i,
+                          device=settings.device)
         report = train_sft(previous, root / "stages" / f"{i}-{stage.name}", rows, sft)
         previous = Path(report.out_dir)
         stages.append({"name": stage.name, "steps": report.total_steps, "files": len(short),
                        "mosaic_files": len(mosaic), "library_files": len(library), "rows": len(rows), "first_loss": report.first_loss,
                        "final_loss": report.final_loss, "train_s": report.wall.get("train_s")})
     n = settings.eval_questions
-    abilities = {kind: copy_accuracy(previous, held_out, n=n, seed=settings.seed, kind=kind)
+    abilities = {kind: copy_accuracy(previous, held_out, n=n, seed=settings.seed, kind=kind, device=settings.device)
                  for kind in ("quote_line", "error_name")}
     final = root / "final"
     if final.exists():

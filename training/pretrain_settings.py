@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from pipeline.tasks.settings import TaskSourceSpec, TasksSettings
 from training.settings import Schedule
-from training.sft_settings import check_betas, check_mix
+from training.sft_settings import check_betas, check_device, check_mix
 
 # Row kinds (training/pretrain.py `copy_task`, `induction_row`).
 PRETRAIN_KINDS = ("induction", "code", "quote_line", "quote_many", "error_name", "edit_line", "apply_edit")
@@ -108,3 +108,10 @@ class PretrainSettings(BaseModel):
     )
     stages: tuple[PretrainStage, ...] = Field(DEFAULT_STAGES, min_length=1, description="trained in order")
     eval_questions: int = Field(200, ge=1, description="held-out questions per ability measured at the end")
+    device: str = Field("cpu", description="where the stages train: cpu, or cuda / cuda:N (docs/pretraining.md, "
+                        "'On a GPU'); the rows, batches and steps are the same")
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, value: str) -> str:
+        return check_device(value)

@@ -113,9 +113,9 @@ def sft_loss(model: Any) -> Any:
 def _plan_id(examples: Sequence[SftExample], settings: SftSettings, checkpoint: Path) -> str:
     from pipeline.schema import content_id
 
-    # save_every changes when the state is saved, not what is trained: it is not part of the plan
+    # save_every changes when the state is saved and device where, not what is trained: not part of the plan
     return content_id([(e.prompt_ids, e.response_ids) for e in examples],
-                      settings.model_dump(mode="json", exclude={"tasks", "save_every"}), checkpoint.name)
+                      settings.model_dump(mode="json", exclude={"tasks", "save_every", "device"}), checkpoint.name)
 
 
 def train_sft(checkpoint_in: str | os.PathLike[str], out_dir: str | os.PathLike[str],
@@ -155,6 +155,8 @@ def train_sft(checkpoint_in: str | os.PathLike[str], out_dir: str | os.PathLike[
         raise ValueError(f"SFT examples with an empty prompt or response: {bad[:5]}")
     if max_steps is not None and max_steps < 0:
         raise ValueError(f"max_steps must be >= 0 or None, got {max_steps}")
+    if settings.device != "cpu" and not torch.cuda.is_available():
+        raise ValueError(f"sft device {settings.device!r}: no CUDA device on this machine (use device cpu)")
     out = Path(out_dir)
     plan_id = _plan_id(examples, settings, init)
     text = stored_report(out, REPORT_NAME)
@@ -184,7 +186,7 @@ def train_sft(checkpoint_in: str | os.PathLike[str], out_dir: str | os.PathLike[
         if epoch not in plans:
             plans[epoch] = epoch_plan(buckets, settings.seed, epoch)
         idx = plans[epoch][k]
-        return collate([rows[i] for i in idx], idx, pad_id=0)
+        return collate([rows[i] for i in idx], idx, pad_id=0).to(settings.device)
 
     (out / STATE_DIR).mkdir(parents=True, exist_ok=True)  # a resumable run from here on (training/loop.py)
     metrics_log = MetricsLog(out)
@@ -195,7 +197,7 @@ def train_sft(checkpoint_in: str | os.PathLike[str], out_dir: str | os.PathLike[
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(settings.seed)
-        model = load_policy(init, dtype="float32", device="cpu")
+        model = load_policy(init, dtype="float32", device=settings.device)
         model.config.use_cache = False
         model.train()
         optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, betas=settings.adam_betas,

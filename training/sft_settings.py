@@ -1,8 +1,8 @@
 """Config section `sft`: the cold-start supervised fine-tuning before RL (training/sft.py).
 
-The defaults are a short run with the full demonstration mix. The CPU demo (configs/local.yaml) trains a
-randomly initialised small policy for about four minutes with its own measured recipe; that recipe, and what
-to change for a pretrained checkpoint on a GPU (more steps, a lower rate), are in docs/cold_start.md.
+The defaults are a short run with the full demonstration mix. The CPU demo (configs/local.yaml) trains the
+bundled pretrained base on repair demonstrations for about five minutes; what was tried, and what to change
+for a real checkpoint on a GPU (more steps, a lower rate), are in docs/cold_start.md.
 """
 
 from __future__ import annotations
@@ -36,6 +36,14 @@ def _default_tasks() -> TasksSettings:
         train=(TaskSourceSpec(source="mbpp", split="train"),),
         eval=(TaskSourceSpec(source="mbpp", split="validation", limit=20),),
     )
+
+
+def check_device(device: str) -> str:
+    """`device` if it names the CPU or a CUDA device (`cuda`, `cuda:1`); else ValueError."""
+    kind, _, index = device.partition(":")
+    if kind not in ("cpu", "cuda") or (index and not (kind == "cuda" and index.isdigit())):
+        raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+    return device
 
 
 def check_betas(betas: tuple[float, float]) -> tuple[float, float]:
@@ -91,6 +99,13 @@ class SftSettings(BaseModel):
         "then restarts from step 0)"
     )
     seed: int = Field(0, ge=0, description="seed of the example mix, batch order and weights' updates")
+    device: str = Field("cpu", description="where the weights train: cpu, or cuda / cuda:N on a GPU machine (the "
+                        "same loop, batches moved there; what is trained does not depend on it)")
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, value: str) -> str:
+        return check_device(value)
 
     @field_validator("mix")
     @classmethod

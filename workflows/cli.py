@@ -104,7 +104,7 @@ def schema_cmd(table: list[str] = typer.Argument(None, help="tables to show (def
 
 @app.command("demo")
 def demo_cmd(config: Path | None = ConfigOpt, overrides: list[str] = SetOpt) -> None:
-    """The main job on embedded defaults: build the demo policy, SFT it, run policy rounds, report."""
+    """The main job on embedded defaults: SFT the bundled base policy, run policy rounds, report."""
     from workflows.demo import run_demo
 
     run_demo(load_or_exit(config, overrides))

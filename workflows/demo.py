@@ -1,7 +1,8 @@
-"""`make demo`: the main job on embedded defaults (bundled tasks, small CPU policy), end to end.
+"""`make demo`: the main job on embedded defaults (the bundled base policy and repair curriculum), end to end.
 
-1. Build the demo policy offline (`didpo model init`) unless it exists.
-2. Cold-start it with SFT on demonstrations in the action grammar.
+1. Start from the configured checkpoint: the bundled base (`bundled:base`, hash-checked), or one built
+   offline (`didpo model init`) when a configured path is missing.
+2. Cold-start it with SFT on demonstrations in the action grammar, and check it on the held-out tasks.
 3. Policy rounds: the Beam pipeline (rollouts in the sandbox -> sub-diffs -> LSH anchors -> advantages ->
    Parquet), the OpenRLHF-based update, a held-out evaluation.
 4. Print the last round's pipeline summary and the per-round table; write the HTML report.

@@ -101,6 +101,16 @@ SIZES: dict[str, SizePreset] = {
         num_key_value_heads=2,
         max_position_embeddings=8192,
     ),
+    # For pretraining on a GPU (docs/pretraining.md, "On a GPU"): about 27M parameters; too slow for CPU.
+    "medium": SizePreset(
+        vocab_size=4096,
+        hidden_size=512,
+        intermediate_size=1536,
+        num_hidden_layers=8,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        max_position_embeddings=8192,
+    ),
 }
 
 

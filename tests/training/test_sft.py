@@ -270,11 +270,23 @@ def test_evaluate_actions_counts(trained, tasks):
 @pytest.mark.parametrize("bad", [
     {"mix": {"bogus": 1.0}}, {"mix": {"write": 0.0}}, {"mix": {"write": -1.0}}, {"lr": 0.0},
     {"schedule": "linear"}, {"max_steps": 0}, {"warmup_steps": 10, "max_steps": 10}, {"unknown_key": 1},
-    {"finish_rate": 1.5},
+    {"finish_rate": 1.5}, {"device": "tpu"}, {"device": "cuda:x"}, {"device": "cpu:0"},
 ])
 def test_bad_settings_are_refused(bad):
     with pytest.raises(ValidationError):
         SftSettings(**bad)
+
+
+def test_the_device_says_where_not_what(tiny_policy, examples, tmp_path):
+    from training.sft import _plan_id
+
+    assert SftSettings(device="cuda:1").device == "cuda:1"
+    on_gpu = FAST.model_copy(update={"device": "cuda"})
+    assert _plan_id(examples, on_gpu, tiny_policy) == _plan_id(examples, FAST, tiny_policy)  # a resume may move
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="no CUDA device on this machine"):
+            train_sft(tiny_policy, tmp_path / "gpu", examples[:2], on_gpu)
+        assert not (tmp_path / "gpu").exists()
 
 
 def test_bad_inputs_are_refused(tiny_policy, tasks, tokenizer, tmp_path):
@@ -297,7 +309,7 @@ def test_cold_start_adds_episodes_of_the_rl_tasks_and_prompt_free_copies(tiny_po
         "tasks.train=[{source: mbpp, split: train, limit: 2}]", "tasks.eval=[{source: humanevalfix, limit: 1}]",
         "sft.tasks={train: [{source: mbpp, split: test, limit: 3}], eval: []}", "sft.mix={append: 1.0}",
         "sft.finish_rate=0", "sft.rl_task_episodes=2", "sft.unconditioned_copies=1", "sft.max_steps=1",
-        "sft.warmup_steps=0",
+        "sft.warmup_steps=0", "sft.episodes_per_task=1",
     ])
     report = run_cold_start(cfg, tiny_policy, tmp_path / "sft", [], evaluate=False)
     assert report.n_examples == (3 + 2 * 2) * 2  # one turn per episode; each response once more prompt-free
