@@ -76,7 +76,7 @@ def run_compare(config: str | None, overrides: Sequence[str], estimators: Sequen
     from pipeline.credit import ESTIMATORS
     from pipeline.run import resolve_policy
     from pipeline.tasks.settings import resolve_tasks
-    from workflows.rounds import cold_start
+    from workflows.rounds import cold_start, describe_held_out, sft_baseline
 
     console = console or Console()
     if not estimators or not seeds:
@@ -89,9 +89,13 @@ def run_compare(config: str | None, overrides: Sequence[str], estimators: Sequen
         raise ValueError(f"run.root {base.run.root}: compare needs a local folder; run the arms with `didpo round "
                          "--set run.root=<url>` instead")
     compare_dir = Path(base.run.root) / compare_id
-    _, eval_tasks = resolve_tasks(base.tasks)
+    train_tasks, eval_tasks = resolve_tasks(base.tasks)
     policy = resolve_policy(base.policy)
     start = cold_start(base, policy, eval_tasks, compare_dir, console)  # the policy itself when SFT is off
+    if base.sft.enabled:  # what every arm starts from, measured as each round is (compare_dir/sft_heldout.json)
+        baseline = sft_baseline(base, Path(start), train_tasks, eval_tasks, compare_dir)
+        console.print(f"[bold]SFT start[/]: held-out pass rate {baseline['pass_rate']:.2f} "
+                      f"({describe_held_out(eval_tasks[: base.eval.max_tasks])})")
     arms = [ArmSpec(e, s) for e in estimators for s in seeds]
     for arm in arms:  # refuse a bad arm config before any arm spends time
         load_config(config, [*overrides, *arm_overrides(arm, compare_dir, start)])

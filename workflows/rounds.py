@@ -81,10 +81,7 @@ def run_rounds(cfg: DidpoConfig, rounds: int | None = None, console: Console | N
     policy = resolve_policy(cfg.policy)
     policy_at = cold_start(cfg, policy, eval_tasks, run_dir, console)  # where policy k is (shown, recorded)
     policy = local_copy(policy_at)  # one download per policy
-    baseline = None
-    if cfg.sft.enabled:  # the cold start's held-out check: what the rounds must beat
-        inputs = stage_inputs(cfg, version=policy_version(policy), tasks=train_tasks, eval_tasks=eval_tasks)
-        baseline = sft_baseline(run_dir, inputs["eval"], lambda: quick_eval(policy, eval_tasks, cfg))
+    baseline = sft_baseline(cfg, policy, train_tasks, eval_tasks, run_dir) if cfg.sft.enabled else None
     rows = []
     for k in range(rounds):
         console.rule(f"round {k}")
@@ -140,16 +137,21 @@ def run_rounds(cfg: DidpoConfig, rounds: int | None = None, console: Console | N
 SFT_HELDOUT = "sft_heldout.json"  # <run>/sft_heldout.json: the cold start's held-out metrics and their inputs
 
 
-def sft_baseline(run_dir: Location, inputs: dict, measure) -> dict[str, float]:
-    """The SFT policy's held-out metrics (`measure()`, the rounds' own quick evaluation), measured once for
-    the same eval inputs and kept beside the rounds (not in the policy folder, whose files are its version)."""
+def sft_baseline(cfg: DidpoConfig, policy: Path, train_tasks, eval_tasks, run_dir: Location) -> dict[str, float]:
+    """The SFT policy's held-out metrics (the rounds' own quick evaluation, what the rounds must beat),
+    measured once for the same eval inputs and kept in `run_dir` beside the rounds (not in the policy folder,
+    whose files are its version). `didpo round` and `didpo compare` both read it from here."""
+    from pipeline.evaluation import quick_eval
+    from pipeline.run import policy_version, stage_inputs
+
+    inputs = stage_inputs(cfg, version=policy_version(policy), tasks=train_tasks, eval_tasks=eval_tasks)["eval"]
     path = run_dir / SFT_HELDOUT
     if path.exists():
         record = json.loads(path.read_text())
         if record.get("inputs") == inputs:
             return record["metrics"]
     start = time.perf_counter()
-    metrics = measure() | {"seconds": time.perf_counter() - start}
+    metrics = quick_eval(policy, eval_tasks, cfg) | {"seconds": time.perf_counter() - start}
     text = json.dumps({"inputs": inputs, "metrics": metrics}, indent=2, sort_keys=True) + "\n"
     write_file(path, lambda tmp: Path(tmp).write_text(text))
     return metrics

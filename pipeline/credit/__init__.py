@@ -34,6 +34,7 @@ for _name, _fn, _declares in (
     ("gigpo", estimators.gigpo, {}),
     ("didpo", estimators.didpo, {"needs_anchors": True}),
     ("didpo_did", did.didpo_did, {"needs_lines": True}),
+    ("didpo_flipped", estimators.didpo_flipped, {"needs_anchors": True}),  # the broken control of comparisons
 ):
     register_estimator(_name, **_declares)(_fn)
 

@@ -147,3 +147,11 @@ def didpo(batch: EstimatorBatch, settings: CreditSettings) -> EstimatorOutput:
     a_e = episode_advantage(batch, settings.adv_norm, settings.std_eps)
     tokens = [float(a) + settings.lam * d for a, d in zip(a_e, batch.diff_advantage, strict=True)]
     return EstimatorOutput(a_e, [np.asarray(t, np.float64) for t in tokens])
+
+
+def didpo_flipped(batch: EstimatorBatch, settings: CreditSettings) -> EstimatorOutput:
+    """A control whose diff-level credit is deliberately wrong: A^E_i - lambda * A^D(token), DiDPO with the
+    sign of every anchor's advantage reversed, so a change that helped is pushed down inside its action and
+    one that hurt is pushed up. A comparison of estimators must rank it below didpo; if it cannot, the
+    testbed cannot tell diff-level credit from noise."""
+    return didpo(batch, settings.model_copy(update={"lam": -settings.lam}))

@@ -56,6 +56,9 @@ def test_arms_share_one_cold_start_and_write_table_summary_and_report(tmp_path, 
     assert sorted(r["arm"] for r in rows) == ["didpo-seed0", "didpo-seed1", "grpo-seed0", "grpo-seed1"]
     assert {r["estimator"] for r in rows if r["arm"].startswith("grpo")} == {"grpo"}
     assert len(list(cmp.glob("*/sft"))) == 0 and (cmp / "sft" / "sft_report.json").is_file()  # one shared SFT
+    start = json.loads((cmp / "sft_heldout.json").read_text())["metrics"]  # measured once, as each round is
+    assert start["tasks"] == 1 and 0.0 <= start["pass_rate"] <= 1.0
+    assert not list(cmp.glob("*-seed*/sft_heldout.json"))  # the arms do not measure it again
     starts = {json.loads((cmp / r["arm"] / "round=0" / "manifest.json").read_text())["policy_checkpoint"]
               for r in rows}
     assert starts == {policy_version(cmp / "sft")}  # every arm starts from the shared cold start

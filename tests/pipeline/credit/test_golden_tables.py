@@ -203,6 +203,18 @@ GOLDEN: dict[str, dict[str, str]] = {
         "stage/diagnostics": "54c8119a77413c32d74538452dfd0337b9ec32707db7bde37ffcdabcaded06b9",
         "stage/subdiffs": "98899c3878de5d9ca774846b846c0f72065ad307ba384ae3d06594a715937033",
     },
+    "didpo_flipped": {  # didpo's units; only the advantages differ (the anchors' sign reversed)
+        "compute_credit/advantages": "0d56770d20bd493a75da865890f1e7a07bb3df6d49bb103be7bc31c4d80432bf",
+        "compute_credit/anchor_members": "e5d0ccf170e35101f72d95e18ab70f1e2dc3e9135a457181eb5fee6666625c2a",
+        "compute_credit/anchors": "3ac94243190a2648d64cc89e7769ec476672eff61bfdcd45b1e605af5b8ca0f3",
+        "compute_credit/diagnostics": "54c8119a77413c32d74538452dfd0337b9ec32707db7bde37ffcdabcaded06b9",
+        "compute_credit/subdiffs": "98899c3878de5d9ca774846b846c0f72065ad307ba384ae3d06594a715937033",
+        "stage/advantages": "0d56770d20bd493a75da865890f1e7a07bb3df6d49bb103be7bc31c4d80432bf",
+        "stage/anchor_members": "e5d0ccf170e35101f72d95e18ab70f1e2dc3e9135a457181eb5fee6666625c2a",
+        "stage/anchors": "3ac94243190a2648d64cc89e7769ec476672eff61bfdcd45b1e605af5b8ca0f3",
+        "stage/diagnostics": "54c8119a77413c32d74538452dfd0337b9ec32707db7bde37ffcdabcaded06b9",
+        "stage/subdiffs": "98899c3878de5d9ca774846b846c0f72065ad307ba384ae3d06594a715937033",
+    },
 }
 
 

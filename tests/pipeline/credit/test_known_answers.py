@@ -76,6 +76,7 @@ _EXPECTED = {
     "didpo": [1.0, -1.0, 0.0, 2.0, -2.0],  # no edits, no anchors: the episode term only
     "didpo_did": [1.0, -1.0, 0.0, 2.0, -2.0],  # no anchors, no changed tokens: the episode term only
     "gigpo": [1.0, -1.0, 0.0, 2.0, -2.0],  # every state seen once: A^S = 0
+    "didpo_flipped": [1.0, -1.0, 0.0, 2.0, -2.0],  # no anchors: nothing to flip
 }
 
 
@@ -138,3 +139,21 @@ def test_diff_advantage_uses_return_to_go_of_the_row(make_step):
     values = dict(zip(members["row_id"], members["diff_advantage"], strict=True))
     assert values == {"p1": pytest.approx(0.5), "q1": pytest.approx(-0.5)}
     assert len(set(members["anchor_id"])) == 2  # the deleted line and the added line
+
+
+def test_the_control_reverses_exactly_the_diff_level_term(make_step):
+    # the batch above: one shared fix, R_1 1.0 vs 0.0, so the fix's tokens get A^D = +0.5 in p and -0.5 in q
+    fix_old, fix_new = "    return a - b\n", "    return a + b\n"
+    base = {"m.py": "def add(a, b):\n" + fix_old + "\n\ndef other():\n    return 0\n"}
+    steps = []
+    for traj, final in (("p", 1.0), ("q", 0.0)):
+        steps.append(make_step(f"{traj}0", traj, "demo/E", 0, 0.0, base, [])[0])
+        steps.append(make_step(f"{traj}1", traj, "demo/E", 1, final, base, [("replace", "m.py", fix_old, fix_new)])[0])
+    run = {name: compute_credit(steps, CreditSettings(estimator=name, gamma=1.0, window_sizes=()))
+           for name in ("didpo", "didpo_flipped")}
+    for step in steps:
+        episode = {a.step.row_id: a.episode_advantage for a in run["didpo"].advantages}[step.row_id]
+        paper, control = (run[name].token_advantages(step.row_id) for name in ("didpo", "didpo_flipped"))
+        np.testing.assert_allclose(control - episode, -(paper - episode), atol=1e-12)  # A^D negated, A^E kept
+    fixed = run["didpo"].token_advantages("p1") - run["didpo_flipped"].token_advantages("p1")
+    assert fixed.max() == pytest.approx(2 * 0.5)  # the fix's tokens in p: +0.5 under didpo, -0.5 under the control

@@ -1,0 +1,33 @@
+"""benchmarks/learning.py's arithmetic: the t interval over seeds by hand, the last round's rates per estimator in
+seed order, and the closing line naming the control."""
+
+from __future__ import annotations
+
+import pytest
+from builders import load_benchmark
+
+
+@pytest.fixture(scope="module")
+def bench():
+    return load_benchmark("learning", "learning_under_test")
+
+
+def test_seed_interval_by_hand(bench):
+    # mean 0.2, sd 0.1, n 3: t(0.975, 2) = 4.3027, half = 4.3027 * 0.1 / sqrt(3) = 0.2484
+    mean, lo, hi = bench.seed_interval([0.1, 0.2, 0.3])
+    assert mean == pytest.approx(0.2) and lo == pytest.approx(0.2 - 0.24841, abs=1e-4)
+    assert hi == pytest.approx(0.2 + 0.24841, abs=1e-4)
+    assert bench.seed_interval([0.4]) == (0.4, 0.4, 0.4)
+
+
+def test_final_rates_take_the_last_round_in_seed_order(bench):
+    rows = [{"estimator": e, "seed": s, "round": k, "heldout_pass_rate": 10 * k + s + (100 if e == "grpo" else 0)}
+            for e in ("didpo", "grpo") for s in (1, 0) for k in (0, 1)]
+    assert bench.final_rates(rows) == {"didpo": [10.0, 11.0], "grpo": [110.0, 111.0]}
+
+
+def test_the_closing_line_names_every_arm_and_the_control(bench):
+    finals = {"didpo": [0.1, 0.3], "grpo": [0.2, 0.2], "didpo_did": [0.0, 0.1], "didpo_flipped": [0.0, 0.0]}
+    assert bench.summary_line(0.05, finals, 2) == (
+        "learning: sft=0.050 final_didpo=0.200 final_grpo=0.200 final_did=0.050 control=0.000 seeds=2")
+    assert "final_did=nan" in bench.summary_line(0.0, {"didpo": [0.0]}, 1)
