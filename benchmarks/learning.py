@@ -94,6 +94,7 @@ def main() -> None:
           "[95% t interval over seeds]:")
     for name, values in finals.items():
         mean, lo, hi = seed_interval(values)
+        lo, hi = max(lo, 0.0), min(hi, 1.0)  # a rate's interval stays a rate
         d_mean, d_lo, d_hi = seed_interval([v - sft for v in values])
         tag = "  (control: credit reversed)" if name == CONTROL else ""
         print(f"  {name:<14} {mean:.3f} [{lo:.3f}, {hi:.3f}]   vs SFT {d_mean:+.3f} [{d_lo:+.3f}, {d_hi:+.3f}]{tag}")
