@@ -24,7 +24,7 @@ PRETRAIN_REPORT = "pretrain_report.json"  # written by training/pretrain.py besi
 
 
 def asset_dir(name: str) -> Path:
-    """The folder of one shipped asset (`sql`, `configs` or `data`), in a checkout or an installed wheel."""
+    """The folder of one shipped asset (`sql`, `configs`, `data` or `models`), in a checkout or an installed wheel."""
     if name not in ASSETS:
         raise ValueError(f"unknown asset folder {name!r}; shipped: {', '.join(ASSETS)}")
     return Path(str(files("pipeline") / "_assets" / name)).resolve()  # a checkout: the top-level folder
