@@ -36,6 +36,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from pipeline.tasks.repair import FAMILIES  # noqa: E402
+
 
 def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
     """95% Wilson score interval of k successes in n."""
@@ -66,17 +68,28 @@ def _base(args, work: Path) -> Path:
     return base
 
 
+def _families(args) -> tuple[str, ...]:
+    families = tuple(f.strip() for f in args.families.split(",") if f.strip())
+    unknown = sorted(set(families) - set(FAMILIES))
+    if unknown or not families:
+        raise SystemExit(f"base_policy: unknown bug families {unknown} (known: {', '.join(FAMILIES)})")
+    return families
+
+
 def _repair_tasks(args, work: Path, judge):
     from pipeline.tasks import load_source
     from pipeline.tasks.repair import judge_verdict, make_repair_tasks, write_recipes
 
     by = "" if args.split_by == "program" else f"_by_{args.split_by}"
     bare = "_bare" if args.bare_tasks else ""
-    path = work / f"repair_seed{args.seed}_n{args.tasks}{by}{bare}.jsonl"
+    families = _families(args)
+    fam = "" if families == FAMILIES else "_" + "-".join(families)
+    path = work / f"repair_seed{args.seed}_n{args.tasks}{by}{bare}{fam}.jsonl"
     if not path.is_file():
         sources = load_source("mbpp", split="test")
         verdict = judge_verdict(judge, report=not args.bare_tasks)
         recipes = make_repair_tasks(sources, verdict, n=args.tasks, bugs=(1, args.max_bugs), seed=args.seed,
+                                    families=families,
                                     test_fraction=args.test_fraction, split_by=args.split_by)
         write_recipes(recipes, path)
     tasks = load_source("repair", path)
@@ -109,6 +122,8 @@ def main() -> None:
     ap.add_argument("--copy-questions", type=int, default=200)
     ap.add_argument("--tasks", type=int, default=300, help="repair tasks minted (train and held out)")
     ap.add_argument("--max-bugs", type=int, default=1, help="bugs per repair task: 1..this")
+    ap.add_argument("--families", default=",".join(FAMILIES),
+                    help="bug families of the repair tasks, comma-separated (pipeline/tasks/repair.py)")
     ap.add_argument("--test-fraction", type=float, default=0.3)
     ap.add_argument("--bare-tasks", action="store_true",
                     help="tasks show only the code, not the visible tests' failing run (docs/repair_tasks.md)")
@@ -186,6 +201,7 @@ def main() -> None:
               "error_name": copy["error_name"]["accuracy"], "search_found": found / n, "fix_unseen": fixed / n,
               "fix_baseline": baseline / n, "held_out": n, "split_by": args.split_by,
               "failure_shown": not args.bare_tasks, "seed": args.seed,
+              "families": list(_families(args)),
               "base": str(base),
               "sft": {"steps": args.sft_steps, "lr": args.lr, "demonstrations": demonstrations,
                       "copy_rows": len(rows) - demonstrations},

@@ -33,6 +33,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import select
 import struct
 import sys
@@ -45,6 +46,23 @@ _HDR = struct.Struct(">I")
 # stdlib dict subclasses with honest equality (Counter == dict compares items): sent as the plain dict
 _DICT_LIKE = (collections.Counter, collections.OrderedDict, collections.defaultdict)
 _PLAIN_BASES = (bool, int, float, complex, str, bytes, list, tuple, set, frozenset, dict)
+
+
+# "path:line" of a workspace file, as U reports where the candidate's exception was raised
+_WHERE = re.compile(r"[\w][\w./-]{0,199}:\d{1,7}")
+
+
+def raised_at(exc: BaseException, root: str) -> str | None:
+    """Where under `root` (the workspace) an exception was raised: "path:line" of the innermost traceback frame
+    in a file there, as a traceback would show the candidate; None when no frame is in the workspace."""
+    prefix = os.path.join(os.path.abspath(root), "")
+    where, tb = None, exc.__traceback__
+    while tb is not None:
+        name = tb.tb_frame.f_code.co_filename
+        if type(name) is str and name.startswith(prefix):
+            where = f"{name[len(prefix):]}:{tb.tb_lineno}"
+        tb = tb.tb_next
+    return where if where and _WHERE.fullmatch(where) else None
 
 
 class ProtocolError(Exception):
@@ -425,9 +443,15 @@ class Peer:
         if cls is RuntimeError and type(tree.get("name")) is str:
             args = [f"{tree['name'][:100]}: " + ", ".join(str(a) for a in args if type(a) is str)]
         try:
-            return cls(*args)
+            exc = cls(*args)
         except Exception:  # noqa: BLE001 - builtin exceptions with fixed arity (UnicodeError & co)
-            return RuntimeError(", ".join(map(str, args))[:300])
+            exc = RuntimeError(", ".join(map(str, args))[:300])
+        where = tree.get("where")
+        if type(where) is str and _WHERE.fullmatch(where):
+            # feedback only (the failing case's description); never part of the exception's args, which
+            # a test may compare
+            exc.raised_at = where
+        return exc
 
     def exception_tree(self, exc: BaseException) -> dict:
         args = []
@@ -438,7 +462,12 @@ class Peer:
                 args.append(str(a)[:300])
             except Exception:  # noqa: BLE001 - a lying __iter__/__str__ inside the exception's args
                 args.append("<unencodable>")
-        return {"cls": self._class_info(type(exc)), "name": type(exc).__name__, "args": {"t": args}}
+        tree = {"cls": self._class_info(type(exc)), "name": type(exc).__name__, "args": {"t": args}}
+        if not self.trusted:
+            where = raised_at(exc, os.getcwd())
+            if where:
+                tree["where"] = where
+        return tree
 
     # -- serving
     def serve(self) -> None:

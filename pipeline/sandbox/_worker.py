@@ -337,8 +337,16 @@ def _wrap_case(stmt: ast.stmt, i: int) -> ast.stmt:
 
 
 def _exc_text(exc: BaseException) -> str:
+    """`Type: message`, and where in the candidate's files it was raised when U said so (as a traceback
+    would show it: the line to look at), kept whole when a long message is cut."""
     msg = str(exc)
-    return f"{type(exc).__name__}: {msg}"[:300] if msg else type(exc).__name__
+    text = f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__
+    where = getattr(exc, "raised_at", None)
+    if type(where) is not str:
+        return text[:300]
+    path, line = where.rsplit(":", 1)
+    suffix = f" ({path}, line {line})"
+    return text[:300 - len(suffix)] + suffix
 
 
 def candidate_modules(files) -> list[str]:

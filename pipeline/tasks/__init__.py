@@ -93,11 +93,13 @@ def load_source(
     split: Split | None = None,
     limit: int | None = None,
     ids: Iterable[str] | None = None,
+    skip: int = 0,
 ) -> list[Task]:
     """Tasks of one source, in file order: its bundled file (path None) or a file of its format.
 
     split: keep one split. ids: keep these tasks, each given as task_id ("mbpp/MBPP/12") or native id
-    ("MBPP/12"); an id that matches nothing is an error. limit: then keep the first `limit`.
+    ("MBPP/12"); an id that matches nothing is an error. skip: then drop the first `skip` (the tasks another
+    spec took with `limit`). limit: then keep the first `limit`.
     Raises ValueError (unknown source, split or id, bad limit), FileNotFoundError, TaskFormatError.
     """
     if source not in SOURCES:
@@ -108,6 +110,8 @@ def load_source(
         raise ValueError(f"ids must be a list of task ids, not the string {ids!r}")
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be >= 1 (or None for all), got {limit}")
+    if skip < 0:
+        raise ValueError(f"skip must be >= 0, got {skip}")
     default = BUNDLED_FILES.get(source) or MINTED_FILES.get(source)
     if path is None and default is None:
         raise ValueError(f"source {source!r} has no bundled file: give the path of one "
@@ -129,6 +133,7 @@ def load_source(
             raise ValueError(f"{file}: no {source} task{where} with id {', '.join(named)}")
         wanted = {by_id[i] for i in ids}
         tasks = [t for t in tasks if t.task_id in wanted]
+    tasks = tasks[skip:]
     return tasks[:limit] if limit is not None else tasks
 
 

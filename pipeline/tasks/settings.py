@@ -25,7 +25,7 @@ from pipeline.tasks.base import Split
 
 
 class TaskSourceSpec(BaseModel):
-    """One source's contribution: a file (None = the bundled one), filtered by split, ids, then limit.
+    """One source's contribution: a file (None = the bundled one), filtered by split, ids, skip, then limit.
     `{file: F}` is short for `{source: file, path: F}`, a task file of our own format."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -42,7 +42,9 @@ class TaskSourceSpec(BaseModel):
     source: str  # a name in pipeline.tasks.SOURCES
     path: Path | None = None  # a file of the source's format (relative: to the working dir); None = bundled
     split: Split | None = None  # keep one split; None = all
-    limit: int | None = Field(default=None, ge=1)  # keep the first `limit` tasks (after split and ids)
+    skip: int = Field(default=0, ge=0)  # drop the first `skip` tasks (after split and ids): the ones another
+    #                                      spec took with `limit`, e.g. the rounds' tasks kept out of the SFT
+    limit: int | None = Field(default=None, ge=1)  # keep the first `limit` tasks (after split, ids and skip)
     ids: tuple[str, ...] | None = None  # keep these task ids ("mbpp/MBPP/12" or native "MBPP/12")
 
     @field_validator("source")
@@ -72,9 +74,11 @@ class TaskSourceSpec(BaseModel):
 
     def load(self) -> list[Task]:
         """The selected tasks; ValueError when a split selects none (a side that would silently be empty)."""
-        tasks = load_source(self.source, self.path, split=self.split, limit=self.limit, ids=self.ids)
+        tasks = load_source(self.source, self.path, split=self.split, limit=self.limit, ids=self.ids,
+                            skip=self.skip)
         if not tasks:
-            raise ValueError(f"{self.path or self.source}: no task with split {self.split!r}")
+            left = f" left after skipping {self.skip}" if self.skip else ""
+            raise ValueError(f"{self.path or self.source}: no task with split {self.split!r}{left}")
         return tasks
 
 
@@ -100,7 +104,7 @@ class TasksSettings(BaseModel):
         # The cheap, early case of overlap; `resolve_tasks` checks the problems themselves.
         same = [spec for spec in self.train if spec in self.eval]
         if same:
-            named = ", ".join(spec.model_dump_json(exclude_none=True) for spec in same)
+            named = ", ".join(spec.model_dump_json(exclude_defaults=True) for spec in same)
             raise ValueError(f"train and eval both select {named}: training and evaluation tasks must differ")
         return self
 

@@ -365,3 +365,27 @@ def test_tests_call_the_helpers_the_task_gives_not_the_candidates(judge):
     assert judge.run(task, task.reference, hidden=True).status == "passed"
     honest_helper = task.reference["solution.py"].replace("def find_zero", "def _unused():\n    pass\n\n\ndef find_zero")
     assert judge.run(task, {"solution.py": honest_helper}, hidden=True).status == "passed"
+
+
+def test_a_failing_case_says_where_the_candidate_raised(judge, task_factory):
+    """As a traceback shows it: the candidate's file and line of the innermost frame in the workspace, also
+    through a helper module and at import; an assertion the test makes (no candidate frame) names none, and
+    the exception's own message is what a test comparing it sees."""
+    helper = "def twice(x):\n    return 2 * y\n"
+    res = judge.run(task_factory(), {"solution.py": "from helper import twice\n\ndef add(a, b):\n"
+                                                    "    return twice(a) + b\n", "helper.py": helper})
+    details = [c.detail for c in res.cases]
+    assert details and all(d.startswith("NameError: name 'y' is not defined") and d.endswith("(helper.py, line 2)")
+                           for d in details), details
+    at_import = judge.run(task_factory(), {"solution.py": "X = 1\nY = undefined_name\n\ndef add(a, b):\n"
+                                                          "    return a + b\n"})
+    assert all("(solution.py, line 2)" in c.detail for c in at_import.cases), [c.detail for c in at_import.cases]
+    wrong = judge.run(task_factory(), {"solution.py": "def add(a, b):\n    return a - b\n"})
+    assert [c.detail for c in wrong.cases if not c.passed] and all(
+        "line" not in c.detail for c in wrong.cases if not c.passed)
+    long_message = "x" * 400
+    cut = judge.run(task_factory(), {"solution.py": f"def add(a, b):\n    raise ValueError('{long_message}')\n"})
+    assert all(len(c.detail) <= 300 and c.detail.endswith("(solution.py, line 2)") for c in cut.cases)
+    caught = task_factory(tests={"case_0.py": "def check(candidate):\n    try:\n        candidate(1, 2)\n"
+                                              "    except ValueError as e:\n        assert str(e) == 'no'\n"})
+    assert judge.run(caught, {"solution.py": "def add(a, b):\n    raise ValueError('no')\n"}).status == "passed"

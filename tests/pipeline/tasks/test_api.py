@@ -41,6 +41,20 @@ def test_limit_keeps_the_first_tasks_in_file_order(five):
     ]
 
 
+def test_skip_drops_what_a_limit_took_so_two_specs_partition_a_split(five):
+    from pipeline.tasks.settings import TaskSourceSpec
+
+    first = TaskSourceSpec(source="humaneval", path=five, limit=2).load()
+    rest = TaskSourceSpec(source="humaneval", path=five, skip=2).load()
+    assert [t.task_id for t in first + rest] == [t.task_id for t in load_source("humaneval", five)]
+    assert [t.task_id for t in load_source("humaneval", five, skip=1, limit=2)] == [
+        "humaneval/HumanEval/1", "humaneval/HumanEval/2"]
+    with pytest.raises(ValueError, match="no task with split None left after skipping 5"):
+        TaskSourceSpec(source="humaneval", path=five, skip=5).load()
+    with pytest.raises(ValueError, match="skip must be >= 0"):
+        load_source("humaneval", five, skip=-1)
+
+
 def test_ids_accept_task_ids_and_native_ids_and_keep_file_order(five):
     tasks = load_source("humaneval", five, ids=["HumanEval/3", "humaneval/HumanEval/1"])
     assert [t.task_id for t in tasks] == ["humaneval/HumanEval/1", "humaneval/HumanEval/3"]

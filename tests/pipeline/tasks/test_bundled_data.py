@@ -61,7 +61,8 @@ def test_shared_counts_cover_every_bundled_file():
 def test_the_minted_curriculum_is_the_repair_default_split_by_program():
     tasks = load_source("repair")
     train, test = ([t for t in tasks if t.split == s] for s in ("train", "test"))
-    assert (len(train), len(test)) == (207, 93)
+    assert (len(train), len(test)) == (206, 94)
+    assert {b["family"] for t in tasks for b in t.meta["bugs"]} == {"drop_return"}
     programs = {s: {t.meta["problem"] for t in group} for s, group in (("train", train), ("test", test))}
     assert not programs["train"] & programs["test"]
     assert all(t.meta["problem"].startswith("mbpp:") for t in tasks)
