@@ -36,7 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pipeline.tasks.repair import FAMILIES  # noqa: E402
+from pipeline.tasks.repair import FAMILIES, parse_families  # noqa: E402
 
 
 def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -68,21 +68,12 @@ def _base(args, work: Path) -> Path:
     return base
 
 
-def _families(args) -> tuple[str, ...]:
-    families = tuple(f.strip() for f in args.families.split(",") if f.strip())
-    unknown = sorted(set(families) - set(FAMILIES))
-    if unknown or not families:
-        raise SystemExit(f"base_policy: unknown bug families {unknown} (known: {', '.join(FAMILIES)})")
-    return families
-
-
-def _repair_tasks(args, work: Path, judge):
+def _repair_tasks(args, work: Path, judge, families: tuple[str, ...]):
     from pipeline.tasks import load_source
     from pipeline.tasks.repair import judge_verdict, make_repair_tasks, write_recipes
 
     by = "" if args.split_by == "program" else f"_by_{args.split_by}"
     bare = "_bare" if args.bare_tasks else ""
-    families = _families(args)
     fam = "" if families == FAMILIES else "_" + "-".join(families)
     path = work / f"repair_seed{args.seed}_n{args.tasks}{by}{bare}{fam}.jsonl"
     if not path.is_file():
@@ -135,6 +126,10 @@ def main() -> None:
     ap.add_argument("--rehearse", type=float, default=0.0,
                     help="share of SFT rows that are pretraining copy rows (training/pretrain.py `rehearsal_examples`)")
     args = ap.parse_args()
+    try:
+        families = parse_families(args.families)
+    except ValueError as exc:
+        raise SystemExit(f"base_policy: --families {args.families!r}: {exc}") from None
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     import torch
 
@@ -164,7 +159,7 @@ def main() -> None:
     episode = EpisodeSettings(action_spec="brief", max_response_tokens=384)
     with SandboxPool(SandboxSettings(pool_size=2)) as pool:
         judge = Judge(pool)
-        train, held = _repair_tasks(args, work, judge)
+        train, held = _repair_tasks(args, work, judge, families)
         print(f"repair tasks (MBPP test programs, split by {args.split_by}): {len(train)} train, {len(held)} held out",
               flush=True)
         tokenizer = load_tokenizer(base)
@@ -201,7 +196,7 @@ def main() -> None:
               "error_name": copy["error_name"]["accuracy"], "search_found": found / n, "fix_unseen": fixed / n,
               "fix_baseline": baseline / n, "held_out": n, "split_by": args.split_by,
               "failure_shown": not args.bare_tasks, "seed": args.seed,
-              "families": list(_families(args)),
+              "families": list(families),
               "base": str(base),
               "sft": {"steps": args.sft_steps, "lr": args.lr, "demonstrations": demonstrations,
                       "copy_rows": len(rows) - demonstrations},

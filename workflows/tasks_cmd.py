@@ -16,7 +16,7 @@ from rich.syntax import Syntax
 from rich.table import Table
 
 from pipeline.tasks import BUNDLED_FILES, SOURCES, Task, TestSuite, count_cases, load_source
-from pipeline.tasks.repair import FAMILIES, judge_verdict, make_repair_tasks, write_recipes
+from pipeline.tasks.repair import FAMILIES, judge_verdict, make_repair_tasks, parse_families, write_recipes
 from workflows.errors import UserError
 
 tasks_app = typer.Typer(
@@ -154,11 +154,10 @@ def make_repair(
 
     if source == "repair":
         raise _fail("--from repair: mint from a benchmark source, not from another repair file")
-    chosen = tuple(f.strip() for f in families.split(",") if f.strip())
-    unknown = sorted(set(chosen) - set(FAMILIES))
-    if unknown or not chosen:
-        raise _fail(f"--families {families!r}: {'unknown ' + ', '.join(unknown) if unknown else 'none given'}; "
-                    f"allowed: {', '.join(FAMILIES)}")
+    try:
+        chosen = parse_families(families)
+    except ValueError as exc:
+        raise _fail(f"--families {families!r}: {exc}") from None
     if split_by not in ("program", "instance"):
         raise _fail(f"--split-by {split_by!r}: expected program or instance")
     if not 0.0 <= test_fraction <= 1.0:

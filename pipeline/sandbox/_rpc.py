@@ -62,7 +62,7 @@ def raised_at(exc: BaseException, root: str) -> str | None:
         if type(name) is str and name.startswith(prefix):
             where = f"{name[len(prefix):]}:{tb.tb_lineno}"
         tb = tb.tb_next
-    return where if where and _WHERE.fullmatch(where) else None
+    return where  # T checks it against _WHERE: U is the candidate's process
 
 
 class ProtocolError(Exception):

@@ -104,6 +104,16 @@ def _misspellings(name: str) -> list[str]:
     return [m for m in dict.fromkeys(out) if m.isidentifier() and not keyword.iskeyword(m) and m != name]
 
 
+def parse_families(text: str) -> tuple[str, ...]:
+    """Bug families from a comma-separated list ("misspell,operator"); ValueError naming what is wrong."""
+    chosen = tuple(f.strip() for f in text.split(",") if f.strip())
+    unknown = sorted(set(chosen) - set(FAMILIES))
+    if unknown or not chosen:
+        raise ValueError(f"{'unknown ' + ', '.join(unknown) if unknown else 'none given'}; "
+                         f"allowed: {', '.join(FAMILIES)}")
+    return chosen
+
+
 def bug_candidates(text: str, families: Sequence[str] = FAMILIES) -> list[Bug]:
     """Every single-line bug of `families` that `text` admits; each leaves the file parseable and changed.
     Deterministic order (line, then family, then column)."""
