@@ -4,8 +4,9 @@ tell a deliberately broken one from the real ones?
 `didpo compare` on the demo's config (the bundled base, the bundled repair curriculum split by program, held
 out: unseen programs) with the arms grpo, gigpo, didpo, didpo_did and the control `didpo_flipped` (DiDPO
 with every anchor's advantage reversed), several seeds, several rounds, one shared SFT start. It prints, per
-arm, the last round's held-out pass rate (mean over seeds with a 95% t interval over seeds) and its
-difference from the SFT start, then the line
+arm, the held-out pass rate after every round (mean over seeds with a 95% t interval over seeds), the last
+round's difference from the SFT start and from the control seed by seed, the same for the rollout pass rate
+on the rounds' own tasks (trained on: in-distribution, labelled so), then the line
 
     learning: sft=<rate> final_didpo=<rate> final_grpo=<rate> final_did=<rate> control=<rate> seeds=<n>
 
@@ -51,6 +52,38 @@ def final_rates(rows: list[dict]) -> dict[str, list[float]]:
     return out
 
 
+def by_round(rows: list[dict], metric: str) -> dict[str, dict[int, list[float]]]:
+    """metric per estimator and round, one value per seed (seed order)."""
+    out: dict[str, dict[int, list[float]]] = {}
+    for r in sorted(rows, key=lambda r: (r["estimator"], r["round"], r["seed"])):
+        out.setdefault(r["estimator"], {}).setdefault(r["round"], []).append(float(r[metric]))
+    return out
+
+
+def own_task_gains(rows: list[dict]) -> dict[str, list[float]]:
+    """Per estimator and seed (seed order): the rollout pass rate of the last round minus round 0's. Both are
+    fresh samples on the rounds' own tasks, so the difference is what the updates before the last round did
+    to the tasks they trained on (in-distribution, not held out)."""
+    curves = by_round(rows, "rollout_pass_rate")
+    return {est: [b - a for a, b in zip(c[min(c)], c[max(c)], strict=True)] for est, c in curves.items()}
+
+
+def paired_with(values: dict[str, list[float]], control: str) -> dict[str, list[float]]:
+    """Each estimator's values minus the control's, seed by seed (the arms share seeds and the SFT start)."""
+    if control not in values:
+        return {}
+    return {est: [a - b for a, b in zip(v, values[control], strict=True)]
+            for est, v in values.items() if est != control}
+
+
+def fmt_interval(values: list[float], signed: bool = False) -> str:
+    mean, lo, hi = seed_interval(values)
+    if not signed:  # a rate's interval stays a rate
+        lo, hi = max(lo, 0.0), min(hi, 1.0)
+    f = "{:+.3f}" if signed else "{:.3f}"
+    return f"{f.format(mean)} [{f.format(lo)}, {f.format(hi)}]"
+
+
 def summary_line(sft: float, finals: dict[str, list[float]], seeds: int) -> str:
     def rate(name: str) -> str:
         return f"{statistics.fmean(finals[name]):.3f}" if name in finals else "nan"
@@ -90,14 +123,28 @@ def main() -> None:
     held = describe_held_out(resolve_tasks(cfg.tasks)[1][: cfg.eval.max_tasks])
     sft = json.loads((Path(cfg.run.root) / compare_id / SFT_HELDOUT).read_text())["metrics"]["pass_rate"]
     finals = final_rates(rows)
-    print(f"held out: {held}; SFT start {sft:.3f}; after round {rounds - 1}, mean over {len(seeds)} seeds "
-          "[95% t interval over seeds]:")
+    held_curve = by_round(rows, "heldout_pass_rate")
+    print(f"held out: {held}; SFT start {sft:.3f}. Held-out pass rate after each round's update, mean over "
+          f"{len(seeds)} seeds [95% t interval over seeds]:")
+    for name, curve in held_curve.items():
+        print(f"  {name:<14} " + "   ".join(f"r{k} {fmt_interval(v)}" for k, v in sorted(curve.items())))
+    print(f"after round {rounds - 1}: vs the SFT start, and vs the control ({CONTROL}) seed by seed:")
+    vs_control = paired_with(finals, CONTROL)
     for name, values in finals.items():
-        mean, lo, hi = seed_interval(values)
-        lo, hi = max(lo, 0.0), min(hi, 1.0)  # a rate's interval stays a rate
-        d_mean, d_lo, d_hi = seed_interval([v - sft for v in values])
         tag = "  (control: credit reversed)" if name == CONTROL else ""
-        print(f"  {name:<14} {mean:.3f} [{lo:.3f}, {hi:.3f}]   vs SFT {d_mean:+.3f} [{d_lo:+.3f}, {d_hi:+.3f}]{tag}")
+        ctl = f"   vs control {fmt_interval(vs_control[name], True)}" if name in vs_control else ""
+        print(f"  {name:<14} {fmt_interval(values)}   vs SFT {fmt_interval([v - sft for v in values], True)}"
+              f"{ctl}{tag}")
+    gains = own_task_gains(rows)
+    own = by_round(rows, "rollout_pass_rate")
+    gains_vs_control = paired_with(gains, CONTROL)
+    print(f"the rounds' own tasks (trained on, in-distribution): rollout pass rate in round 0 and round "
+          f"{rounds - 1} (after {rounds - 1} update(s)), the gain, and the gain vs the control seed by seed:")
+    for name, values in gains.items():
+        curve = own[name]
+        ctl = f"   vs control {fmt_interval(gains_vs_control[name], True)}" if name in gains_vs_control else ""
+        print(f"  {name:<14} {statistics.fmean(curve[min(curve)]):.3f} -> {statistics.fmean(curve[max(curve)]):.3f}"
+              f"   gain {fmt_interval(values, True)}{ctl}")
     print(summary_line(sft, finals, len(seeds)))
 
 

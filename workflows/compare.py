@@ -104,7 +104,12 @@ def run_compare(config: str | None, overrides: Sequence[str], estimators: Sequen
     jobs_args = [(config, [*overrides, *arm_overrides(a, compare_dir, start)], rounds) for a in arms]
     if jobs > 1:
         with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
-            results = list(pool.map(_run_arm, *zip(*jobs_args, strict=True)))
+            futures = [pool.submit(_run_arm, *a) for a in jobs_args]
+            try:
+                results = [f.result() for f in futures]
+            except BaseException:  # fail fast: arms not yet started never start (a rerun resumes the rest)
+                pool.shutdown(wait=True, cancel_futures=True)
+                raise
     else:
         results = []
         for arm, args in zip(arms, jobs_args, strict=True):

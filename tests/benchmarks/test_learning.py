@@ -31,3 +31,19 @@ def test_the_closing_line_names_every_arm_and_the_control(bench):
     assert bench.summary_line(0.05, finals, 2) == (
         "learning: sft=0.050 final_didpo=0.200 final_grpo=0.200 final_did=0.050 control=0.000 seeds=2")
     assert "final_did=nan" in bench.summary_line(0.0, {"didpo": [0.0]}, 1)
+
+
+def test_own_task_gains_are_last_round_minus_round_zero_paired_with_the_control(bench):
+    rows = [{"estimator": e, "seed": s, "round": k,
+             "rollout_pass_rate": 0.4 + k * (0.1 if e == "didpo_did" else -0.05) + 0.01 * s}
+            for e in ("didpo_did", "didpo_flipped") for s in (1, 0) for k in (0, 1, 2)]
+    gains = bench.own_task_gains(rows)
+    assert gains["didpo_did"] == pytest.approx([0.2, 0.2]) and gains["didpo_flipped"] == pytest.approx([-0.1, -0.1])
+    assert bench.paired_with(gains, "didpo_flipped") == {"didpo_did": pytest.approx([0.3, 0.3])}
+    assert bench.paired_with(gains, "absent") == {}
+    assert bench.by_round(rows, "rollout_pass_rate")["didpo_did"][0] == pytest.approx([0.4, 0.41])
+
+
+def test_a_signed_interval_is_not_clipped_to_a_rate(bench):
+    assert bench.fmt_interval([-0.2, -0.1], signed=True).startswith("-0.150 [")
+    assert bench.fmt_interval([0.0, 0.1]).startswith("0.050 [0.000,")

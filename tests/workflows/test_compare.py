@@ -51,7 +51,8 @@ def test_arms_share_one_cold_start_and_write_table_summary_and_report(tmp_path, 
         "sft.tasks={train: [{source: mbpp, split: train, limit: 3}], eval: [{source: mbpp, split: validation, limit: 1}]}",
         "sft.max_steps=1", "sft.warmup_steps=0", "sft.rl_task_episodes=1",
     ]
-    rows = run_compare(None, overrides, ["didpo", "grpo"], [0, 1], 1, "cmp", console=Console(quiet=True))
+    # two arms at a time, in spawned processes (`didpo compare --jobs 2`, benchmarks/learning.py)
+    rows = run_compare(None, overrides, ["didpo", "grpo"], [0, 1], 1, "cmp", jobs=2, console=Console(quiet=True))
     cmp = tmp_path / "cmp"
     assert sorted(r["arm"] for r in rows) == ["didpo-seed0", "didpo-seed1", "grpo-seed0", "grpo-seed1"]
     assert {r["estimator"] for r in rows if r["arm"].startswith("grpo")} == {"grpo"}
