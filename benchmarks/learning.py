@@ -11,7 +11,8 @@ on the rounds' own tasks (trained on: in-distribution, labelled so), then the li
     learning: sft=<rate> final_didpo=<rate> final_grpo=<rate> final_did=<rate> control=<rate> seeds=<n>
 
 Resumable: the arms are `didpo round` runs under runs/<--id>/ (a killed run picks up where it stopped);
-`--quick` is 2 seeds x 2 rounds, a first look. `--set` passes config overrides through.
+`--quick` is 2 seeds x 2 rounds, a first look. `--set` passes config overrides through; `--report`
+prints the report of a comparison already run (its compare.parquet) without running anything.
 Run: `.venv/bin/python benchmarks/learning.py [--quick] [--seeds 0,1,2,3,4 --rounds 4 --jobs 2]`.
 """
 
@@ -52,27 +53,31 @@ def final_rates(rows: list[dict]) -> dict[str, list[float]]:
     return out
 
 
-def by_round(rows: list[dict], metric: str) -> dict[str, dict[int, list[float]]]:
-    """metric per estimator and round, one value per seed (seed order)."""
-    out: dict[str, dict[int, list[float]]] = {}
-    for r in sorted(rows, key=lambda r: (r["estimator"], r["round"], r["seed"])):
-        out.setdefault(r["estimator"], {}).setdefault(r["round"], []).append(float(r[metric]))
-    return out
+def by_round(rows: list[dict], metric: str) -> dict[str, dict[int, dict[int, float]]]:
+    """metric per estimator, round and seed."""
+    out: dict[str, dict[int, dict[int, float]]] = {}
+    for r in rows:
+        out.setdefault(r["estimator"], {}).setdefault(r["round"], {})[r["seed"]] = float(r[metric])
+    return dict(sorted(out.items()))
 
 
-def own_task_gains(rows: list[dict]) -> dict[str, list[float]]:
-    """Per estimator and seed (seed order): the rollout pass rate of the last round minus round 0's. Both are
-    fresh samples on the rounds' own tasks, so the difference is what the updates before the last round did
-    to the tasks they trained on (in-distribution, not held out)."""
+def own_task_gains(rows: list[dict]) -> dict[str, dict[int, float]]:
+    """Per estimator and seed: the rollout pass rate of the last round minus round 0's. Both are fresh samples
+    on the rounds' own tasks, so the difference is what the updates before the last round did to the tasks
+    they trained on (in-distribution, not held out)."""
+    last = max(r["round"] for r in rows)
     curves = by_round(rows, "rollout_pass_rate")
-    return {est: [b - a for a, b in zip(c[min(c)], c[max(c)], strict=True)] for est, c in curves.items()}
+    return {est: {s: c[last][s] - c[0][s] for s in sorted(c.get(0, {}).keys() & c.get(last, {}).keys())}
+            for est, c in curves.items()}
 
 
-def paired_with(values: dict[str, list[float]], control: str) -> dict[str, list[float]]:
-    """Each estimator's values minus the control's, seed by seed (the arms share seeds and the SFT start)."""
+def paired_with(values: dict[str, dict[int, float]], control: str) -> dict[str, list[float]]:
+    """Each estimator's values minus the control's, seed by seed, over the seeds both have (the arms share
+    seeds and the SFT start)."""
     if control not in values:
         return {}
-    return {est: [a - b for a, b in zip(v, values[control], strict=True)]
+    ctl = values[control]
+    return {est: [v[s] - ctl[s] for s in sorted(v.keys() & ctl.keys())]
             for est, v in values.items() if est != control}
 
 
@@ -102,34 +107,48 @@ def main() -> None:
     ap.add_argument("--id", default="learning", help="folder under run.root")
     ap.add_argument("--config", default=None)
     ap.add_argument("--set", dest="overrides", action="append", default=[])
+    ap.add_argument("--report", action="store_true", help="print the report of the comparison already under "
+                    "runs/<--id>/ (compare.parquet), run nothing")
     args = ap.parse_args()
     seeds = [0, 1] if args.quick else [int(s) for s in args.seeds.split(",")]
     rounds = 2 if args.quick else args.rounds
     compare_id = f"{args.id}-quick" if args.quick else args.id
 
+    import pyarrow.parquet as pq
     import torch
     from rich.console import Console
 
+    from pipeline.tasks.settings import resolve_tasks
     from training.config import load_config
     from workflows.compare import run_compare
     from workflows.rounds import SFT_HELDOUT, describe_held_out
 
-    torch.set_num_threads(1)
-    rows = run_compare(args.config, args.overrides, args.estimators.split(","), seeds, rounds, compare_id,
-                       jobs=args.jobs, console=Console())
     cfg = load_config(args.config, args.overrides)
-    from pipeline.tasks.settings import resolve_tasks
-
+    compare_dir = Path(cfg.run.root) / compare_id
+    if args.report:  # a finished (or partial) comparison's table, nothing run
+        table = compare_dir / "compare.parquet"
+        if not table.is_file():
+            sys.exit(f"no comparison at {compare_dir}: run it first (without --report)")
+        rows = pq.read_table(table).to_pylist()
+        seeds, rounds = sorted({r["seed"] for r in rows}), max(r["round"] for r in rows) + 1
+    else:
+        torch.set_num_threads(1)
+        rows = run_compare(args.config, args.overrides, args.estimators.split(","), seeds, rounds, compare_id,
+                           jobs=args.jobs, console=Console())
     held = describe_held_out(resolve_tasks(cfg.tasks)[1][: cfg.eval.max_tasks])
-    sft = json.loads((Path(cfg.run.root) / compare_id / SFT_HELDOUT).read_text())["metrics"]["pass_rate"]
+    sft = json.loads((compare_dir / SFT_HELDOUT).read_text())["metrics"]["pass_rate"]
+    report(rows, sft, held, rounds, seeds)
+
+
+def report(rows: list[dict], sft: float, held: str, rounds: int, seeds: list[int]) -> None:
     finals = final_rates(rows)
     held_curve = by_round(rows, "heldout_pass_rate")
     print(f"held out: {held}; SFT start {sft:.3f}. Held-out pass rate after each round's update, mean over "
           f"{len(seeds)} seeds [95% t interval over seeds]:")
     for name, curve in held_curve.items():
-        print(f"  {name:<14} " + "   ".join(f"r{k} {fmt_interval(v)}" for k, v in sorted(curve.items())))
+        print(f"  {name:<14} " + "   ".join(f"r{k} {fmt_interval(list(v.values()))}" for k, v in sorted(curve.items())))
     print(f"after round {rounds - 1}: vs the SFT start, and vs the control ({CONTROL}) seed by seed:")
-    vs_control = paired_with(finals, CONTROL)
+    vs_control = paired_with({e: c[max(c)] for e, c in held_curve.items()}, CONTROL)
     for name, values in finals.items():
         tag = "  (control: credit reversed)" if name == CONTROL else ""
         ctl = f"   vs control {fmt_interval(vs_control[name], True)}" if name in vs_control else ""
@@ -141,10 +160,12 @@ def main() -> None:
     print(f"the rounds' own tasks (trained on, in-distribution): rollout pass rate in round 0 and round "
           f"{rounds - 1} (after {rounds - 1} update(s)), the gain, and the gain vs the control seed by seed:")
     for name, values in gains.items():
+        if not values:
+            continue
         curve = own[name]
-        ctl = f"   vs control {fmt_interval(gains_vs_control[name], True)}" if name in gains_vs_control else ""
-        print(f"  {name:<14} {statistics.fmean(curve[min(curve)]):.3f} -> {statistics.fmean(curve[max(curve)]):.3f}"
-              f"   gain {fmt_interval(values, True)}{ctl}")
+        ctl = f"   vs control {fmt_interval(gains_vs_control[name], True)}" if gains_vs_control.get(name) else ""
+        print(f"  {name:<14} {statistics.fmean(curve[0].values()):.3f} -> "
+              f"{statistics.fmean(curve[max(curve)].values()):.3f}   gain {fmt_interval(list(values.values()), True)}{ctl}")
     print(summary_line(sft, finals, len(seeds)))
 
 

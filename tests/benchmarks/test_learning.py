@@ -33,15 +33,19 @@ def test_the_closing_line_names_every_arm_and_the_control(bench):
     assert "final_did=nan" in bench.summary_line(0.0, {"didpo": [0.0]}, 1)
 
 
-def test_own_task_gains_are_last_round_minus_round_zero_paired_with_the_control(bench):
+def test_own_task_gains_are_last_round_minus_round_zero_paired_with_the_control_by_seed(bench):
     rows = [{"estimator": e, "seed": s, "round": k,
              "rollout_pass_rate": 0.4 + k * (0.1 if e == "didpo_did" else -0.05) + 0.01 * s}
             for e in ("didpo_did", "didpo_flipped") for s in (1, 0) for k in (0, 1, 2)]
+    rows.append({"estimator": "didpo_did", "seed": 7, "round": 0, "rollout_pass_rate": 0.9})  # unfinished seed
     gains = bench.own_task_gains(rows)
-    assert gains["didpo_did"] == pytest.approx([0.2, 0.2]) and gains["didpo_flipped"] == pytest.approx([-0.1, -0.1])
+    assert gains["didpo_did"] == {0: pytest.approx(0.2), 1: pytest.approx(0.2)}  # seed 7 has no last round
+    assert gains["didpo_flipped"] == {0: pytest.approx(-0.1), 1: pytest.approx(-0.1)}
     assert bench.paired_with(gains, "didpo_flipped") == {"didpo_did": pytest.approx([0.3, 0.3])}
+    assert bench.paired_with({"a": {0: 1.0, 3: 5.0}, "c": {0: 0.5, 1: 9.0}}, "c") == {"a": [0.5]}  # common seeds
     assert bench.paired_with(gains, "absent") == {}
-    assert bench.by_round(rows, "rollout_pass_rate")["didpo_did"][0] == pytest.approx([0.4, 0.41])
+    assert bench.by_round(rows, "rollout_pass_rate")["didpo_did"][0] == {
+        1: pytest.approx(0.41), 0: pytest.approx(0.4), 7: pytest.approx(0.9)}
 
 
 def test_a_signed_interval_is_not_clipped_to_a_rate(bench):
