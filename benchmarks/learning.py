@@ -136,11 +136,12 @@ def main() -> None:
         rows = run_compare(args.config, args.overrides, args.estimators.split(","), seeds, rounds, compare_id,
                            jobs=args.jobs, console=Console())
     held = describe_held_out(resolve_tasks(cfg.tasks)[1][: cfg.eval.max_tasks])
-    sft = json.loads((compare_dir / SFT_HELDOUT).read_text())["metrics"]["pass_rate"]
-    report(rows, sft, held, rounds, seeds)
+    start = json.loads((compare_dir / SFT_HELDOUT).read_text())["metrics"]
+    report(rows, start["pass_rate"], held, rounds, seeds, sft_invalid=start.get("invalid_rate", float("nan")))
 
 
-def report(rows: list[dict], sft: float, held: str, rounds: int, seeds: list[int]) -> None:
+def report(rows: list[dict], sft: float, held: str, rounds: int, seeds: list[int],
+           sft_invalid: float = float("nan")) -> None:
     finals = final_rates(rows)
     held_curve = by_round(rows, "heldout_pass_rate")
     print(f"held out: {held}; SFT start {sft:.3f}. Held-out pass rate after each round's update, mean over "
@@ -154,6 +155,10 @@ def report(rows: list[dict], sft: float, held: str, rounds: int, seeds: list[int
         ctl = f"   vs control {fmt_interval(vs_control[name], True)}" if name in vs_control else ""
         print(f"  {name:<14} {fmt_interval(values)}   vs SFT {fmt_interval([v - sft for v in values], True)}"
               f"{ctl}{tag}")
+    invalid = by_round(rows, "heldout_invalid_rate")
+    print(f"held-out invalid-action rate (malformed or truncated, or a search text not found once in the file) after round {rounds - 1}; "
+          f"SFT start {sft_invalid:.3f}:")
+    print("  " + "   ".join(f"{name} {fmt_interval(list(c[max(c)].values()))}" for name, c in invalid.items()))
     gains = own_task_gains(rows)
     own = by_round(rows, "rollout_pass_rate")
     gains_vs_control = paired_with(gains, CONTROL)
