@@ -1,4 +1,4 @@
-"""Beam's Dask runner, with the three fixes a round's graph needs (Beam 2.77's runner is experimental).
+"""Beam's Dask runner, with the fixes a round's graph needs (Beam 2.77's runner is experimental).
 
 Beam's `DaskRunner` turns each leaf transform into a `dask.bag` operation. As shipped it
 
@@ -10,8 +10,13 @@ Beam's `DaskRunner` turns each leaf transform into a `dask.bag` operation. As sh
 
 `DidpoDaskRunner` keeps one bag per output PCollection (a ParDo's bag holds (tag, value) pairs, split by
 tag), runs each bundle's DoFn to the end of `finish_bundle` before returning its outputs, and computes every
-bag that no transform consumes. It also sets each DoFn up once per worker process and reuses it for every
-bundle (Beam's runner sets up and tears down per partition: a policy or sandbox pool per partition).
+bag that no transform consumes. Two more: a side input is a dependency in the graph (Beam's runner iterates
+its bag inside the task that reads it, a second computation of everything upstream: with the
+`Count.Globally` that closes a round's graph, every rollout and every task group's credit ran twice), and a
+graph's elements are spread over one partition per worker thread (Beam's default of 128 elements a partition
+put a round's few elements, table parts or task groups, on one worker). It also sets each DoFn up once per
+worker process and reuses it for every bundle (Beam's runner sets up and tears down per partition: a policy
+or sandbox pool per partition).
 Everything else is Beam's runner. Use it as
 
     --runner=pipeline.dask_runner.DidpoDaskRunner --dask_client_address=HOST:8786
@@ -32,7 +37,6 @@ from apache_beam.pipeline import AppliedPTransform, PipelineVisitor
 from apache_beam.runners.common import DoFnContext, DoFnInvoker, DoFnSignature, Receiver, _OutputHandler
 from apache_beam.runners.dask import transform_evaluator as te
 from apache_beam.runners.dask.dask_runner import (
-    DaskBagWindowedIterator,
     DaskOptions,
     DaskRunner,
     DaskRunnerResult,
@@ -68,12 +72,30 @@ class _Receivers(dict):
 _SET_UP: dict[str, Any] = {}
 
 
-def _run_bundle(items: Any, fn: Any, key: str, label: str, window_fn: Any, side_inputs: Any, args: Any,
-                kwargs: Any) -> list[tuple[str | None, WindowedValue]]:
+class _Windowed:
+    """A side input's computed elements as the windowed values `SideInputMap` iterates."""
+
+    def __init__(self, values: list, window_fn: Any) -> None:
+        self.values, self.window_fn = values, window_fn
+
+    def __iter__(self):
+        for value in self.values:
+            yield te.get_windowed_value(value, self.window_fn)
+
+
+def _whole(partitions: list[list]) -> list:
+    return [value for part in partitions for value in part]
+
+
+def _run_bundle(items: Any, fn: Any, key: str, label: str, window_fn: Any, side_specs: Any, side_values: Any,
+                args: Any, kwargs: Any) -> list[tuple[str | None, WindowedValue]]:
     """One Dask partition as one bundle: process every element, then finish_bundle; its outputs. The DoFn is
-    this process's set-up instance of `key` (set up on first use)."""
+    this process's set-up instance of `key` (set up on first use). side_values: each side input's elements,
+    computed upstream in the same graph."""
     fresh = key not in _SET_UP
     fn = _SET_UP.setdefault(key, fn)
+    side_inputs = [SideInputMap(view, options, _Windowed(values, mapping))
+                   for (view, options, mapping), values in zip(side_specs, side_values, strict=True)] or None
     receivers = _Receivers()  # made here, per bundle: a partition's outputs never mix with another's
     handler = _OutputHandler(window_fn=window_fn, main_receivers=receivers[None], tagged_receivers=receivers,
                              per_element_output_counter=None, output_batch_converter=None,
@@ -93,13 +115,21 @@ def _run_bundle(items: Any, fn: Any, key: str, label: str, window_fn: Any, side_
 
 class _ParDo(te.ParDo):
     def apply(self, input_bag: Any, side_inputs: Any = None) -> Any:
+        """side_inputs: (view class, view options, bag, window mapping) per side input. Each bag enters the
+        graph as one dependency of every partition (Beam's runner iterates it inside the task instead: a
+        separate computation of everything upstream of it, once per use)."""
+        import dask
+
         transform = self.transform
         args, kwargs = transform.raw_side_inputs
         main_input = next(iter(self.applied.main_inputs.values()))
         window_fn = main_input.windowing.windowfn if hasattr(main_input, "windowing") else None
         key = f"{transform.label}:{hashlib.sha256(pickler.dumps(transform.fn)).hexdigest()[:20]}"
+        specs = [(view, options, mapping) for view, options, _, mapping in side_inputs or ()]
+        values = dask.delayed([dask.delayed(_whole)(bag.to_delayed(optimize_graph=False))
+                               for _, _, bag, _ in side_inputs or ()])
         return input_bag.map(te.get_windowed_value, window_fn).map_partitions(
-            _run_bundle, transform.fn, key, transform.label, window_fn, side_inputs, list(args), kwargs)
+            _run_bundle, transform.fn, key, transform.label, window_fn, specs, values, list(args), kwargs)
 
 
 def _untag(pair: tuple[str | None, WindowedValue]) -> Any:
@@ -156,11 +186,9 @@ class DidpoDaskRunner(DaskRunner):
                 kws: dict[str, Any] = {"input_bag": None, "side_inputs": None}
                 if inputs:
                     kws["input_bag"] = inputs[0] if len(inputs) == 1 and not isinstance(op, te.Flatten) else inputs
-                if node.side_inputs:
-                    kws["side_inputs"] = [
-                        SideInputMap(type(si), si._view_options(),
-                                     DaskBagWindowedIterator(self._bag(si.pvalue), si._window_mapping_fn))
-                        for si in node.side_inputs]
+                if node.side_inputs and isinstance(op, _ParDo):  # the only op that reads side inputs
+                    kws["side_inputs"] = [(type(si), si._view_options(), self._bag(si.pvalue), si._window_mapping_fn)
+                                          for si in node.side_inputs]
                 bag = op.apply(**kws)
                 if isinstance(op, _ParDo):
                     for tag in map(_main_or_tag, node.outputs):
@@ -175,15 +203,21 @@ class DidpoDaskRunner(DaskRunner):
         return Visitor()
 
     def run_pipeline(self, pipeline: Any, options: Any) -> _Result:
-        import dask
         import dask.distributed as ddist
         from apache_beam.runners.dask.overrides import dask_overrides
 
         dask_options = options.view_as(DaskOptions).get_all_options(drop_default=True, current_only=True)
         bag_kwargs = DaskOptions._extract_bag_kwargs(dask_options)
         client = ddist.Client(**dask_options)
+        if not bag_kwargs:  # Beam's default (128 elements a partition) puts a round's few elements (task groups,
+            # table parts) in one partition, which one worker runs: one partition per worker thread instead
+            # (--dask_npartitions / --dask_partition_size still decide when given)
+            threads = sum(w.get("nthreads", 1) for w in client.scheduler_info().get("workers", {}).values())
+            bag_kwargs = {"npartitions": threads} if threads else {}
         pipeline.replace_all(dask_overrides())
         visitor = self.to_dask_bag_visitor(bag_kwargs)
         pipeline.visit(visitor)
-        futures = client.compute(list(dask.optimize(*visitor.sinks())))
+        # every sink in one graph, optimised together (`dask.optimize(*sinks)` optimises each sink's graph apart,
+        # and what two sinks share would run once for each)
+        futures = client.compute(visitor.sinks())
         return _Result(client, futures)

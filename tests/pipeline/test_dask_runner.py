@@ -70,3 +70,36 @@ def test_credit_on_dask_writes_the_units_and_advantages_of_fnapi(cluster, tmp_pa
     assert any(k.startswith("anchors/") for k in sums["FnApiRunner"]) or estimator != "didpo"
     assert any(k.startswith("advantages/") for k in sums["FnApiRunner"])
     assert sums["dask"] == sums["FnApiRunner"]
+
+
+def test_a_dofn_with_several_consumed_outputs_runs_each_element_once_spread_over_the_workers(cluster, tmp_path):
+    """Dask's task fusion used to copy a multi-output ParDo into each consumer's chain (every credit task group
+    ran twice), and Beam's default of 128 elements a partition ran a round's few elements on one worker."""
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    class Once(beam.DoFn):  # defined here: pickled by value (the workers cannot import a test module)
+        """Records each element it processes (a file per element and bundle); two tagged outputs."""
+
+        def __init__(self, folder: str) -> None:
+            self.folder = folder
+
+        def start_bundle(self):
+            import uuid
+
+            self.bundle = uuid.uuid4().hex
+
+        def process(self, x):
+            (Path(self.folder) / f"{x}-{self.bundle}").touch()
+            yield x
+            yield beam.pvalue.TaggedOutput("odd" if x % 2 else "even", x)
+
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    with beam.Pipeline(DASK_RUNNER, options=PipelineOptions([f"--dask_client_address={cluster}"])) as p:
+        out = p | beam.Create(list(range(12))) | beam.ParDo(Once(str(seen))).with_outputs("odd", "even", main="all")
+        for tag in ("all", "odd", "even"):  # three sinks read the one ParDo
+            _ = out[tag] | f"Sum{tag}" >> beam.CombineGlobally(sum)
+    runs = [f.name.split("-") for f in seen.iterdir()]
+    assert sorted(int(x) for x, _ in runs) == list(range(12))  # each element exactly once
+    assert len({bundle for _, bundle in runs}) == 2  # one partition (bundle) per worker thread
