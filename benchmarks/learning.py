@@ -149,10 +149,11 @@ def report(rows: list[dict], sft: float, held: str, rounds: int, seeds: list[int
     for name, curve in held_curve.items():
         print(f"  {name:<14} " + "   ".join(f"r{k} {fmt_interval(list(v.values()))}" for k, v in sorted(curve.items())))
     print(f"after round {rounds - 1}: vs the SFT start, and vs the control ({CONTROL}) seed by seed:")
-    vs_control = paired_with({e: c[max(c)] for e, c in held_curve.items()}, CONTROL)
+    last = max(r["round"] for r in rows)  # an arm not there yet (a partial comparison) is not paired
+    vs_control = paired_with({e: c.get(last, {}) for e, c in held_curve.items()}, CONTROL)
     for name, values in finals.items():
         tag = "  (control: credit reversed)" if name == CONTROL else ""
-        ctl = f"   vs control {fmt_interval(vs_control[name], True)}" if name in vs_control else ""
+        ctl = f"   vs control {fmt_interval(vs_control[name], True)}" if vs_control.get(name) else ""
         print(f"  {name:<14} {fmt_interval(values)}   vs SFT {fmt_interval([v - sft for v in values], True)}"
               f"{ctl}{tag}")
     invalid = by_round(rows, "heldout_invalid_rate")
