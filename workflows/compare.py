@@ -70,6 +70,19 @@ def _run_arm(config: str | None, overrides: Sequence[str], rounds: int) -> list[
     return [r.__dict__ for r in run_rounds(cfg, rounds, Console(quiet=True))]
 
 
+_RENDEZVOUS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE")
+
+
+def _run_arm_alone(config: str | None, overrides: Sequence[str], rounds: int) -> list[dict]:
+    """`_run_arm` in a spawned process that is its own world of one: a rendezvous port inherited from the
+    parent (set there by an earlier update) would be bound by two arms at once."""
+    import os
+
+    for name in _RENDEZVOUS:
+        os.environ.pop(name, None)
+    return _run_arm(config, overrides, rounds)
+
+
 def run_compare(config: str | None, overrides: Sequence[str], estimators: Sequence[str], seeds: Sequence[int],
                 rounds: int, compare_id: str, jobs: int = 1, console: Console | None = None) -> list[dict]:
     """Every arm (estimator x seed) from one shared cold start; returns one dict per arm and round."""
@@ -104,7 +117,7 @@ def run_compare(config: str | None, overrides: Sequence[str], estimators: Sequen
     jobs_args = [(config, [*overrides, *arm_overrides(a, compare_dir, start)], rounds) for a in arms]
     if jobs > 1:
         with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
-            futures = [pool.submit(_run_arm, *a) for a in jobs_args]
+            futures = [pool.submit(_run_arm_alone, *a) for a in jobs_args]
             try:
                 results = [f.result() for f in futures]
             except BaseException:  # fail fast: arms not yet started never start (a rerun resumes the rest)
