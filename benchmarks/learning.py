@@ -46,11 +46,8 @@ def seed_interval(values: list[float]) -> tuple[float, float, float]:
 def final_rates(rows: list[dict]) -> dict[str, list[float]]:
     """Each estimator's held-out pass rate after its last round, one value per seed (seed order)."""
     last = max(r["round"] for r in rows)
-    out: dict[str, list[float]] = {}
-    for r in sorted(rows, key=lambda r: (r["estimator"], r["seed"])):
-        if r["round"] == last:
-            out.setdefault(r["estimator"], []).append(float(r["heldout_pass_rate"]))
-    return out
+    return {est: [v for _, v in sorted(c[last].items())]
+            for est, c in by_round(rows, "heldout_pass_rate").items() if last in c}
 
 
 def by_round(rows: list[dict], metric: str) -> dict[str, dict[int, dict[int, float]]]:
@@ -130,18 +127,18 @@ def main() -> None:
         if not table.is_file():
             sys.exit(f"no comparison at {compare_dir}: run it first (without --report)")
         rows = pq.read_table(table).to_pylist()
-        seeds, rounds = sorted({r["seed"] for r in rows}), max(r["round"] for r in rows) + 1
     else:
         torch.set_num_threads(1)
         rows = run_compare(args.config, args.overrides, args.estimators.split(","), seeds, rounds, compare_id,
                            jobs=args.jobs, console=Console())
     held = describe_held_out(resolve_tasks(cfg.tasks)[1][: cfg.eval.max_tasks])
     start = json.loads((compare_dir / SFT_HELDOUT).read_text())["metrics"]
-    report(rows, start["pass_rate"], held, rounds, seeds, sft_invalid=start.get("invalid_rate", float("nan")))
+    report(rows, start["pass_rate"], held, sft_invalid=start.get("invalid_rate", float("nan")))
 
 
-def report(rows: list[dict], sft: float, held: str, rounds: int, seeds: list[int],
-           sft_invalid: float = float("nan")) -> None:
+def report(rows: list[dict], sft: float, held: str, sft_invalid: float = float("nan")) -> None:
+    """The comparison's tables; rounds and seeds are read from the rows (a partial comparison included)."""
+    seeds, rounds = sorted({r["seed"] for r in rows}), max(r["round"] for r in rows) + 1
     finals = final_rates(rows)
     held_curve = by_round(rows, "heldout_pass_rate")
     print(f"held out: {held}; SFT start {sft:.3f}. Held-out pass rate after each round's update, mean over "
@@ -149,7 +146,7 @@ def report(rows: list[dict], sft: float, held: str, rounds: int, seeds: list[int
     for name, curve in held_curve.items():
         print(f"  {name:<14} " + "   ".join(f"r{k} {fmt_interval(list(v.values()))}" for k, v in sorted(curve.items())))
     print(f"after round {rounds - 1}: vs the SFT start, and vs the control ({CONTROL}) seed by seed:")
-    last = max(r["round"] for r in rows)  # an arm not there yet (a partial comparison) is not paired
+    last = rounds - 1  # an arm not there yet (a partial comparison) is not paired
     vs_control = paired_with({e: c.get(last, {}) for e, c in held_curve.items()}, CONTROL)
     for name, values in finals.items():
         tag = "  (control: credit reversed)" if name == CONTROL else ""
