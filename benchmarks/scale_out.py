@@ -103,22 +103,38 @@ def credit_100x(work: Path, beam_args: list[str], n_tasks: int, rollouts: int, r
     return time.perf_counter() - start, n
 
 
-def warm_workers(address: str) -> None:
-    """Each worker imports what a round's DoFns use (torch, transformers, Beam, the project), as the driver
-    process already has before its FnApiRunner round: the ratio compares running a round, not a cold Python
-    start (a standing cluster pays the imports once, not per round). Nothing the round loads is warmed: the
-    policy and the sandbox pool still load once per worker inside the timed round."""
+def warm_workers(address: str, modules: list[str]) -> None:
+    """Each worker imports the modules the driver process holds before its FnApiRunner round (torch,
+    transformers and the modules its lazy loader imported for the policy's tokenizer and model, Beam, the
+    project): the ratio compares running a round, not a cold Python start (a standing cluster pays its
+    imports once, not per round; a fresh worker's first tokenizer load alone spends about 5 s importing
+    transformers' tokenizer modules). Nothing the round loads is warmed: the policy and the sandbox pool
+    still load once per worker inside the timed round."""
     from distributed import Client
 
     with Client(address) as client:
-        client.run(_import_round_modules)
+        client.run(_import_modules, modules)
 
 
-def _import_round_modules() -> None:
-    import torch  # noqa: F401
-    import transformers  # noqa: F401
+def _import_modules(names: list[str]) -> None:
+    import importlib
 
-    import pipeline.run  # noqa: F401
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - a module only the driver has (a benchmark loaded by path, __main__'s)
+            pass
+
+
+def prepare_policy(work: Path) -> None:
+    """The tiny policy's checkpoint, and one load of it in this process (as a user's driver has done before
+    a round: `didpo model init`, then a round)."""
+    from pipeline.policy.loading import load_policy, load_tokenizer
+    from pipeline.policy.tiny import ensure_checkpoint
+
+    ensure_checkpoint(work / "policy", "tiny", 0)
+    load_tokenizer(work / "policy")
+    load_policy(work / "policy")
 
 
 def main() -> None:
@@ -145,7 +161,8 @@ def main() -> None:
         return
     with LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True, dashboard_address=None) as c:
         dask_args = [f"--dask_client_address={c.scheduler_address}"]
-        warm_workers(c.scheduler_address)
+        prepare_policy(work)
+        warm_workers(c.scheduler_address, sorted(sys.modules))
         fn_s, fn_sums = small_round(work, "FnApiRunner", [], args)
         dk_s, dk_sums = small_round(work, DASK_RUNNER, dask_args, args)
         with fake_gcs_server(work / "gcs"):  # sets STORAGE_EMULATOR_HOST for gcsfs

@@ -29,6 +29,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipeline import schema, storage
 from pipeline.config import PipelineConfig, config_hash, load_config
+from pipeline.credit_io import STEP_COLUMNS
 from pipeline.policy.handlers import make_handler
 from pipeline.policy.settings import PolicySettings
 from pipeline.schema import RoundConflict
@@ -179,7 +180,7 @@ def build_credit_pipeline(options: PipelineOptions, cfg: PipelineConfig, round_p
     """ReadSteps -> Credit -> WriteSubdiffs / WriteAnchors / WriteAnchorMembers / WriteAdvantages /
     WriteDeadLetters."""
     p = beam.Pipeline(options=options)
-    units = p | "ReadSteps" >> ReadTable(round_path, "steps") | "Credit" >> Credit(cfg.credit)
+    units = p | "ReadSteps" >> ReadTable(round_path, "steps", STEP_COLUMNS) | "Credit" >> Credit(cfg.credit)
     n = cfg.pipeline.num_shards
     sort = {"subdiffs": ("subdiff_id",), "anchors": ("anchor_id",), "anchor_members": ("subdiff_id", "anchor_id"),
             "advantages": ("row_id",)}

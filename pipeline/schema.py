@@ -250,9 +250,11 @@ def _added_after(table: str, version: int) -> dict[str, Any]:
             for f in dataclasses.fields(_row_type(table)) if f.metadata["since"] > version}
 
 
-def _check_columns(table: str, got: pa.Schema, source: str, version: int = SCHEMA_VERSION) -> None:
+def _check_columns(table: str, got: pa.Schema, source: str, version: int = SCHEMA_VERSION,
+                   schema: pa.Schema | None = None) -> None:
+    """schema: the contract's columns to check (default: all of them)."""
     later = _added_after(table, version)
-    for f in arrow_schema(table):
+    for f in schema or arrow_schema(table):
         if f.name not in got.names:
             if f.name in later:
                 continue
@@ -262,21 +264,34 @@ def _check_columns(table: str, got: pa.Schema, source: str, version: int = SCHEM
             raise SchemaError(f"{source}: column {f.name!r} of table {table!r} has type {got_type}, expected {f.type}")
 
 
-def conform(table: str, data: pa.Table, *, source: str = "<memory>", version: int = SCHEMA_VERSION) -> pa.Table:
+def conform(table: str, data: pa.Table, *, source: str = "<memory>", version: int = SCHEMA_VERSION,
+            columns: Sequence[str] | None = None) -> pa.Table:
     """Check `data` against the contract and return it with the exact schema (column order, types, metadata).
 
     Extra columns are dropped; a missing column or a type that differs is refused, naming `source` and the column,
     except a column added after `version` (the data's schema version), which is filled with its default.
+    columns: only these columns of the contract (checked and returned in contract order).
     """
-    schema = arrow_schema(table)
-    _check_columns(table, data.schema, source, version)
+    schema = contract_columns(table, columns)
+    _check_columns(table, data.schema, source, version, schema)
     for name, value in _added_after(table, version).items():
-        if name not in data.schema.names:
+        if name in schema.names and name not in data.schema.names:
             data = data.append_column(schema.field(name), pa.array([value] * data.num_rows, schema.field(name).type))
     for f in schema:
         if data.column(f.name).null_count:
             raise SchemaError(f"{source}: column {f.name!r} of table {table!r} has null values")
     return pa.Table.from_arrays([data.column(n) for n in schema.names], schema=schema)
+
+
+def contract_columns(table: str, columns: Sequence[str] | None = None) -> pa.Schema:
+    """The contract's schema of `table`, or of only `columns` of it (in contract order); an unknown column is
+    refused, naming it."""
+    schema = arrow_schema(table)
+    if columns is None:
+        return schema
+    if unknown := [c for c in columns if c not in schema.names]:
+        raise SchemaError(f"table {table!r} has no column(s) {unknown}")
+    return pa.schema([f for f in schema if f.name in columns], metadata=schema.metadata)
 
 
 def _check_version(meta: Mapping[bytes, bytes] | None, table: str, source: str) -> int:
@@ -332,18 +347,22 @@ def part_files(path: str | Path) -> list[Location]:
     return sorted((p for p in path.glob("part-*.parquet")), key=str)
 
 
-def read_table(path: str | Path, table: str) -> pa.Table:
+def read_table(path: str | Path, table: str, columns: Sequence[str] | None = None) -> pa.Table:
     """Read a contract table from a Parquet file or a folder of `part-*.parquet`, validated.
 
-    Raises SchemaError naming the file and the column for a missing column, a wrong type, a newer schema
-    version, a file of another table, or a file that is not readable Parquet.
+    columns: read only these (Parquet reads no other column's pages; a stage that needs a few columns of a
+    wide table moves and holds only those). Raises SchemaError naming the file and the column for a missing
+    column, a wrong type, a newer schema version, a file of another table, an unknown column asked for, or a
+    file that is not readable Parquet.
     """
-    schema = arrow_schema(table)
+    schema = contract_columns(table, columns)
     parts = []
     for file in part_files(path):
         with _parquet_file(file, table) as (pf, version):
+            stored = [n for n in schema.names if n in pf.schema_arrow.names]  # a column added later: its default
             try:
-                parts.append(conform(table, pf.read(), source=str(file), version=version))
+                parts.append(conform(table, pf.read(columns=stored), source=str(file), version=version,
+                                     columns=schema.names))
             except SchemaError:
                 raise
             except (OSError, pa.ArrowException) as e:

@@ -20,8 +20,10 @@ of a `CreditResult`, so no column name appears here. The code below runs in the 
 
 from __future__ import annotations
 
+import gc
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cache, partial
 
@@ -144,6 +146,11 @@ def credit_units(steps: Sequence[StepInput], settings: CreditSettings | None = N
     """Steps 1-8 of one batch. With units=False only steps 1-2 run: no sub-diffs, anchors or A^D (every
     token's projected A^D is 0 and nothing is covered). Line units (`lines.py`) are computed when the
     estimator reads them (`reads_lines`), whatever `units` says."""
+    with cyclic_gc_paused():
+        return _credit_units(steps, settings, units)
+
+
+def _credit_units(steps: Sequence[StepInput], settings: CreditSettings | None, units: bool) -> CreditUnits:
     settings = settings or CreditSettings()
     diag = Diagnostics()
     timer = PhaseTimer(diag.seconds)
@@ -573,11 +580,11 @@ def assign_advantages(units: CreditUnits, settings: CreditSettings | None = None
     diag = units.diagnostics
     timer = PhaseTimer(diag.seconds)
     spec = get_estimator(settings.estimator)
-    with timer.phase("estimator"), _blas().limit(limits=1, user_api="blas"):
+    with timer.phase("estimator"), _blas().limit(limits=1, user_api="blas"), cyclic_gc_paused():
         output = spec.fn(units.batch, settings)
         if spec.scope == "batch" and whiten:
             output = _whitened(output, units.batch.traj_index, settings.std_eps)
-    with timer.phase("loss_mask"):
+    with timer.phase("loss_mask"), cyclic_gc_paused():
         advantages = _row_advantages(units, output, _diff_reach(units, settings))
     diag.seconds.pop("total", None)
     diag.seconds["total"] = sum(diag.seconds.values())
@@ -591,6 +598,23 @@ def _whitened(output: EstimatorOutput, traj_index: np.ndarray, eps: float) -> Es
     mean, std = moments_stats(len(values), float(values.sum()), float((values**2).sum()))
     return EstimatorOutput(whiten(output.episode_advantage, mean, std, eps),
                            [whiten(t, mean, std, eps) for t in output.token_advantages])
+
+
+@contextmanager
+def cyclic_gc_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off inside, back on after (unless it was off already).
+
+    Why: credit allocates millions of small acyclic objects (lines, spans, candidates, records) that reference
+    counting frees on its own; the collector's passes over them, and over everything else the process holds,
+    cost 10-15% of a task group's credit (measured, benchmarks/scale_out.py). A cycle made inside waits for
+    the next collection after it."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 @cache

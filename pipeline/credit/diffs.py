@@ -58,7 +58,9 @@ def line_opcodes(before: str, after: str, max_diff_lines: int) -> tuple[tuple[in
         hi_b -= 1
     if hi_a == lo and hi_b == lo:
         return ()
-    if max(hi_a - lo, hi_b - lo) > max_diff_lines:
+    if max(hi_a - lo, hi_b - lo) > max_diff_lines or min(hi_a - lo, hi_b - lo) == 0 or hi_a - lo == hi_b - lo == 1:
+        # too long, a pure insertion or deletion, or one line for one (trimmed ends differ): one region, as
+        # difflib would find it
         return ((lo, hi_a, lo, hi_b),)
     matcher = difflib.SequenceMatcher(None, a[lo:hi_a], b[lo:hi_b])
     return tuple(
@@ -146,17 +148,19 @@ def whole_diff(step: StepInput, max_file_lines: int, max_diff_lines: int, stats:
             continue
         edits = [e for e in step.edits if e.path == path]
         a_lines, b_lines = before.splitlines(), after.splitlines()
-        adds = _Locator(step.response_text, [e.replace_span for e in edits if e.replace_span is not None], b_lines)
-        dels = _Locator(
-            step.response_text,
-            [e.search_span for e in edits if e.op == "replace" and e.search_span is not None],
-        )
+        adds = dels = None  # made on first use: a side without lines never needs its locator
         for i1, i2, j1, j2 in opcodes:
             if i2 - i1 > max_diff_lines or j2 - j1 > max_diff_lines:
                 stats["regions_over_cap"] += 1  # too big to locate line by line: episode credit only
                 continue
             if _code(a_lines[i1:i2]) == _code(b_lines[j1:j2]):
                 continue  # only blank lines, comments or spacing changed: no code change to credit
+            if i2 > i1 and dels is None:
+                dels = _Locator(step.response_text,
+                                [e.search_span for e in edits if e.op == "replace" and e.search_span is not None])
+            if j2 > j1 and adds is None:
+                adds = _Locator(step.response_text, [e.replace_span for e in edits if e.replace_span is not None],
+                                b_lines)
             deleted = tuple(DiffLine(i, a_lines[i], dels.find(a_lines[i])) for i in range(i1, i2))
             added = tuple(DiffLine(j, b_lines[j], adds.find(b_lines[j], j)) for j in range(j1, j2))
             hunks.append(Hunk(path, deleted, added))

@@ -82,10 +82,12 @@ def line_units(rows: Sequence[StepInput], task_index: np.ndarray, traj_index: np
         if r == 0 or traj_index[r] != traj_index[r - 1]:
             start = before  # the trajectory's starting workspace: units are relative to it
         after = _state(step.files_after)
-        present.extend((r, unit(task, "add", k)) for k in after - start)
-        present.extend((r, unit(task, "del", k)) for k in start - after)
+        # sorted: unit ids (the regression's column order) must not follow the process's string hash seed,
+        # or two processes (two Dask workers, a rerun) solve in another order and write other bytes
+        present.extend((r, unit(task, "add", k)) for k in sorted(after - start))
+        present.extend((r, unit(task, "del", k)) for k in sorted(start - after))
         switched: dict[tuple[str, tuple[str, ...]], tuple[int, float]] = {}
-        for k in before ^ after:
+        for k in sorted(before ^ after):
             # a start line coming back switches its `del` unit off; any other line switches its `add` unit
             on = k in after
             switched[k] = (unit(task, "del", k), -1.0 if on else 1.0) if k in start else (unit(task, "add", k),

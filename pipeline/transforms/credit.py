@@ -27,6 +27,7 @@ from apache_beam.metrics import Metrics
 
 from pipeline.credit import CreditInputError, assign_advantages, credit_units
 from pipeline.credit.advantages import moments_stats, whiten
+from pipeline.credit.batch import cyclic_gc_paused
 from pipeline.credit.estimators import get_estimator
 from pipeline.credit.settings import CreditSettings
 from pipeline.credit_io import CREDIT_TABLES, STEP_COLUMNS, result_tables, step_input, step_records
@@ -51,7 +52,11 @@ class CreditPerTaskFn(beam.DoFn):
         self.settings = settings
 
     def process(self, item):
-        task_id, tables = item
+        with cyclic_gc_paused():  # the records, the credit and the tables: outputs made whole, then emitted
+            outputs = list(self._credit(*item))
+        yield from outputs
+
+    def _credit(self, task_id, tables):
         steps = []
         for record in step_records(pa.concat_tables(list(tables))):
             try:

@@ -93,16 +93,17 @@ class WriteTable(beam.PTransform):
 
 class ReadTable(beam.PTransform):
     """A contract table's parts -> one Arrow table per part, each validated against the schema on the
-    worker."""
+    worker; `columns`: only those columns (a stage that reads a few columns of a wide table moves only them)."""
 
-    def __init__(self, round_dir: str | Path, table: str) -> None:
+    def __init__(self, round_dir: str | Path, table: str, columns: Sequence[str] | None = None) -> None:
         super().__init__()
-        self.table = table
+        schema.contract_columns(table, columns)  # an unknown column: refused at graph construction
+        self.table, self.columns = table, None if columns is None else tuple(columns)
         self.parts = [str(p) for p in schema.part_files(schema.table_dir(round_dir, table))]
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection:
         return (
             pbegin
             | "ListParts" >> beam.Create(self.parts)
-            | "ReadParts" >> beam.Map(schema.read_table, self.table)
+            | "ReadParts" >> beam.Map(schema.read_table, self.table, self.columns)
         )

@@ -87,6 +87,28 @@ def test_a_version_1_steps_table_reads_with_its_later_column_empty(tmp_path):
         schema.read_table(path, "steps")
 
 
+def test_reading_some_columns_returns_them_in_contract_order_and_refuses_an_unknown_one(tmp_path):
+    table = schema.to_arrow("steps", [_step(), _step(row_id="r1", turn=1)])
+    path = tmp_path / "steps.parquet"
+    pq.write_table(table, path)
+    some = schema.read_table(path, "steps", columns=["step_reward", "row_id", "failing_cases"])
+    assert some.schema.names == ["row_id", "step_reward", "failing_cases"]
+    assert some.column("row_id").to_pylist() == ["r0", "r1"]
+    assert some.schema.metadata == table.schema.metadata
+    with pytest.raises(SchemaError, match=r"table 'steps' has no column\(s\) \['reward'\]"):
+        schema.read_table(path, "steps", columns=["row_id", "reward"])
+    # a version-1 file lacks the later column: asked for, it comes back with its default
+    meta = dict(table.schema.metadata) | {b"didpo.schema_version": b"1"}
+    pq.write_table(table.drop_columns(["failing_cases"]).replace_schema_metadata(meta), path)
+    old = schema.read_table(path, "steps", columns=["row_id", "failing_cases"])
+    assert old.column("failing_cases").to_pylist() == [[], []]
+    # a column asked for still has its type checked
+    bad = table.set_column(table.schema.get_field_index("turn"), "turn", pa.array(["0", "1"]))
+    pq.write_table(bad.replace_schema_metadata(table.schema.metadata), path)
+    with pytest.raises(SchemaError, match="column 'turn' of table 'steps' has type string"):
+        schema.read_table(path, "steps", columns=["turn"])
+
+
 def test_table_of_another_kind_refused(tmp_path):
     schema.write_table([_step()], tmp_path / "x", "steps")
     with pytest.raises(SchemaError, match="holds table 'steps'"):

@@ -218,3 +218,36 @@ def test_bad_settings_and_inputs_are_refused(make_step):
     step = _known_batch(make_step)[0]
     with pytest.raises(CreditInputError, match="visible_pass_fraction"):
         compute_credit([dataclasses.replace(step, visible_pass_fraction=1.5)])
+
+
+def test_line_units_and_advantages_do_not_depend_on_the_string_hash_seed(make_step, tmp_path):
+    """Two processes (two Dask workers, a rerun) hash strings with different seeds: the unit ids, and so the
+    regression's column order and the advantages' bytes, must not follow set iteration order."""
+    import hashlib
+    import os
+    import pickle
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    batch = tmp_path / "steps.pkl"
+    batch.write_bytes(pickle.dumps(_known_batch(make_step)))
+    script = (
+        "import hashlib, pickle, sys\n"
+        "from pipeline.credit import CreditSettings, compute_credit\n"
+        "steps = pickle.loads(open(sys.argv[1], 'rb').read())\n"
+        "result = compute_credit(steps, CreditSettings(estimator='didpo_did'))\n"
+        "h = hashlib.sha256()\n"
+        "for a in result.advantages:\n"
+        "    h.update(a.token_advantages.tobytes()); h.update(repr(a.episode_advantage).encode())\n"
+        "print(h.hexdigest())\n"
+    )
+    outputs = set()
+    for seed in ("1", "2", "3"):
+        env = {**os.environ, "PYTHONHASHSEED": seed, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+        run = subprocess.run([sys.executable, "-c", script, str(batch)], env=env, capture_output=True, text=True,
+                             cwd=Path(__file__).resolve().parents[3], check=False)
+        assert run.returncode == 0, run.stderr[-2000:]
+        outputs.add(run.stdout.strip())
+    assert len(outputs) == 1, outputs
+    assert len(next(iter(outputs))) == len(hashlib.sha256().hexdigest())

@@ -8,7 +8,8 @@ import numpy as np
 
 from pipeline.credit import compute_credit
 from pipeline.credit.anchors import Cluster, cut_overlaps, facility_location
-from pipeline.credit.diffs import whole_diff
+from pipeline.credit.batch import cyclic_gc_paused
+from pipeline.credit.diffs import line_opcodes, whole_diff
 from pipeline.credit.normalize import comparison_tokens, normalize_line
 from pipeline.credit.similarity import ShingleSets, band_buckets, cluster_texts, minhash_signatures
 from pipeline.credit_io import result_columns
@@ -195,3 +196,49 @@ def test_a_line_equal_up_to_indentation_is_located_on_its_code(make_step):
     (line,) = added
     s, e = line.span
     assert line.text == "    total -= x" and step.response_text[s:e] == "total -= x"
+
+
+def test_line_opcodes_are_difflibs_changed_regions_after_trimming_the_common_ends():
+    """The shortcuts (a pure insertion or deletion, one line for one) give what difflib gives."""
+    import difflib
+    import random
+
+    rng = random.Random(0)
+    for _ in range(2000):
+        a = [rng.choice("abcde") for _ in range(rng.randint(0, 7))]
+        b = [rng.choice("abcde") for _ in range(rng.randint(0, 7))]
+        before, after = "".join(x + "\n" for x in a), "".join(x + "\n" for x in b)
+        lo = 0
+        while lo < min(len(a), len(b)) and a[lo] == b[lo]:
+            lo += 1
+        ha, hb = len(a), len(b)
+        while ha > lo and hb > lo and a[ha - 1] == b[hb - 1]:
+            ha, hb = ha - 1, hb - 1
+        want = tuple((i1 + lo, i2 + lo, j1 + lo, j2 + lo) for tag, i1, i2, j1, j2
+                     in difflib.SequenceMatcher(None, a[lo:ha], b[lo:hb]).get_opcodes() if tag != "equal")
+        assert line_opcodes(before, after, 50) == want, (a, b)
+
+
+def test_the_collector_is_paused_inside_and_restored_after_even_on_error():
+    import gc
+
+    assert gc.isenabled()
+    with cyclic_gc_paused():
+        assert not gc.isenabled()
+        with cyclic_gc_paused():  # nested: the outer one restores
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    try:
+        with cyclic_gc_paused():
+            raise KeyError("x")
+    except KeyError:
+        pass
+    assert gc.isenabled()
+    gc.disable()
+    try:  # off before: stays off
+        with cyclic_gc_paused():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
