@@ -74,9 +74,7 @@ class WriteTable(beam.PTransform):
     def __init__(self, round_dir: str | Path, table: str, key: str, sort_by: Sequence[str] = (),
                  num_shards: int = 4, prefix: str = "") -> None:
         super().__init__()
-        names = schema.columns(table)  # unknown table or column: fail at graph construction, not on a worker
-        if unknown := [c for c in (key, *sort_by) if c not in names]:
-            raise schema.SchemaError(f"table {table!r} has no column(s) {unknown}")
+        schema.contract_columns(table, (key, *sort_by))  # unknown table or column: refused here, not on a worker
         self.folder = str(schema.table_dir(round_dir, table))
         self.table, self.key, self.num_shards = table, key, num_shards
         self.sort_by = tuple(sort_by) or (key,)

@@ -107,3 +107,13 @@ def test_rollouts_with_the_tiny_policy(tiny_policy):
         steps = out["steps"] | beam.Map(lambda s: (s.turn, len(s.response_token_ids) == len(s.token_char_starts)))
         assert_that(steps, equal_to([(0, True), (0, True), (1, True), (1, True)]), label="steps")
         assert_that(out["dead_letter"], equal_to([]), label="dead")
+
+
+def test_a_table_transform_naming_an_unknown_column_is_refused_when_the_graph_is_built(tmp_path):
+    from pipeline.schema import SchemaError
+    from pipeline.transforms.tables import ReadTable, WriteTable
+
+    with pytest.raises(SchemaError, match=r"table 'advantages' has no column\(s\) \['rowid'\]"):
+        WriteTable(tmp_path, "advantages", "task_id", ("rowid",))
+    with pytest.raises(SchemaError, match=r"table 'steps' has no column\(s\) \['prompt'\]"):
+        ReadTable(tmp_path, "steps", ["row_id", "prompt"])
