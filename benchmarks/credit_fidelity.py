@@ -31,9 +31,11 @@ estimator (through `pipeline.credit.compute_credit` only) to rank them.
                    at the last turn
      varied_harms  hardened: harms drawn from every partial-damage mutation probing found (a second
                    family on a line, too), not from a short menu, so a harm repeats less across rollouts
-     multi_file    hardened: tasks whose reference has helper definitions besides the entry point, split
-                   into helpers.py and solution.py (`from helpers import *`), harms in both files; every
-                   task that can be split is tried (few qualify: see the printed count)
+     multi_file    hardened: two qualifying programs in one workspace (a/solution.py, b/solution.py, each
+                   its own program with its own tests, as two packages of one repository), paired in the
+                   order they qualified; bugs, harms and neutral rewrites of both, so an action edits both
+                   files. Each program's tests run on its own file (`CachedJudge.pair`); the pair's result
+                   sums their cases, and its hidden outcome is 1 only if both pass.
    The real Episode runs every step (visible tests in the sandbox, step reward, hidden outcome at the end).
 4. Measured effect of an edit = hidden pass fraction of the final workspace minus that of the final
    workspace replayed without this edit, the rest of the trajectory held fixed (counterfactual by replay).
@@ -82,7 +84,7 @@ HARM_MENU = 3  # harms a standard plan draws from: each repeats across rollouts,
 MAX_PROBES = 16  # mutated lines executed per task while designing it
 MAX_HIDDEN_CASES = 200  # more (most HumanEval+ tasks: ~1000 inputs) costs seconds per run; every step and
 # replay runs the hidden tests. A case count, not a measured time: the selection must not depend on load.
-FILE, HELPERS = "solution.py", "helpers.py"
+PAIR_DIRS = ("a/", "b/")  # multi_file: where each program of a pair lives
 SHAPES = ("blocks", "hunk", "write")
 HARDENED = ("respell", "outcome_only", "varied_harms", "multi_file")
 VARIANTS = ("mixed", *SHAPES, *HARDENED)
@@ -118,8 +120,19 @@ class CachedJudge:
         self.cache: dict[tuple[str, bool, str], object] = {}
         self.calls = 0
         self._lock = threading.Lock()
+        self.pairs: dict[str, tuple[tuple[str, object], ...]] = {}  # pair task id -> (folder, task) per program
+
+    def pair(self, task_id: str, parts: Sequence[tuple[str, object]]) -> None:
+        """Runs of `task_id` run each part's task on the files under its folder (the folder stripped)."""
+        self.pairs[task_id] = tuple(parts)
 
     def run(self, task, files: Mapping[str, str], *, hidden: bool = False):
+        if task.task_id in self.pairs:
+            return _combined([
+                (folder, self.run(part, {p[len(folder):]: t for p, t in files.items() if p.startswith(folder)},
+                                  hidden=hidden))
+                for folder, part in self.pairs[task.task_id]
+            ])
         key = (task.task_id, hidden, _files_hash(files))
         with self._lock:
             self.calls += 1
@@ -132,6 +145,21 @@ class CachedJudge:
 
     def hidden(self, task, files: Files):
         return self.run(task, joined(files), hidden=True)
+
+
+def _combined(results: Sequence[tuple[str, object]]):
+    """One result of a pair's runs: the cases of both (named by folder), passed only if both passed."""
+    from pipeline.sandbox.judge import CaseResult, ExecResult
+
+    failed = [r.status for _, r in results if r.status != "passed"]
+    return ExecResult(
+        status="infra_error" if "infra_error" in failed else (failed[0] if failed else "passed"),
+        passed=sum(r.passed for _, r in results), total=sum(r.total for _, r in results),
+        duration_s=sum(r.duration_s for _, r in results), isolation=results[0][1].isolation,
+        cases=tuple(CaseResult(folder + c.name, c.passed, c.detail) for folder, r in results for c in r.cases),
+        stdout="".join(r.stdout for _, r in results), stderr="".join(r.stderr for _, r in results),
+        detail="\n".join(f"{folder} {r.detail}" for folder, r in results if r.detail),
+    )  # fmt: skip
 
 
 def _files_hash(files: Mapping[str, str]) -> str:
@@ -293,29 +321,6 @@ class TaskDesign:
     neutrals: list[tuple[Loc, str]]
 
 
-def split_into_files(text: str, entry_point: str) -> dict[str, str] | None:
-    """The reference as two files: helpers.py holds the imports and every top-level definition but the
-    entry point; solution.py keeps the rest and imports the helpers. None when there is nothing to move."""
-    try:
-        tree = ast.parse(text)
-    except SyntaxError:
-        return None
-    lines = text.splitlines(keepends=True)
-    moved: set[int] = set()
-    imports: list[str] = []
-    for node in tree.body:
-        span = range(node.lineno - 1 - len(getattr(node, "decorator_list", ())), node.end_lineno)
-        if isinstance(node, ast.Import | ast.ImportFrom):
-            imports += lines[node.lineno - 1 : node.end_lineno]
-        elif isinstance(node, ast.FunctionDef | ast.ClassDef) and node.name != entry_point:
-            moved.update(span)
-    if not moved:
-        return None
-    helpers = "".join(imports) + "\n\n" + "".join(lines[i] for i in sorted(moved))
-    solution = "from helpers import *\n" + "".join(line for i, line in enumerate(lines) if i not in moved)
-    return {HELPERS: helpers, FILE: solution}
-
-
 @dataclass(frozen=True)
 class Harm:
     """A mutation run alone on the reference: what it does to the hidden tests."""
@@ -343,9 +348,8 @@ def separable(harmful: Sequence[Harm]) -> list[Harm]:
     return picked
 
 
-def design_task(task, judge: CachedJudge, rng: random.Random, split: bool = False) -> TaskDesign | None:
-    """Pick bugs, harms and neutral rewrites for one task by executing mutations alone on the reference.
-    split: the multi_file design (two files; bugs and harms in both)."""
+def design_task(task, judge: CachedJudge, rng: random.Random) -> TaskDesign | None:
+    """Pick bugs, harms and neutral rewrites for one task by executing mutations alone on the reference."""
     from pipeline.tasks import count_cases
 
     path = f"{task.hidden_tests.module}.py"
@@ -353,12 +357,6 @@ def design_task(task, judge: CachedJudge, rng: random.Random, split: bool = Fals
     if source is None or not task.hidden_tests.module:
         return None
     texts = {path: source}
-    if split:
-        if path != FILE:
-            return None
-        texts = split_into_files(source, str(task.meta.get("entry_point", "")))
-        if texts is None:
-            return None
     firsts: list[tuple[Loc, str]] = []  # one mutation per line first, then a second family where there is one
     seconds: list[tuple[Loc, str]] = []
     for name in sorted(texts):
@@ -370,9 +368,6 @@ def design_task(task, judge: CachedJudge, rng: random.Random, split: bool = Fals
         return None  # too few mutable lines or too costly tests: no run needed to know
     rng.shuffle(firsts)
     rng.shuffle(seconds)
-    if split:  # both files get probed early
-        by_file = [[p for p in firsts if p[0][0] == name] for name in (HELPERS, FILE)]
-        firsts = [p for pair in zip_longest(*by_file) for p in pair if p is not None]
     probes = firsts + seconds
     ref = split_lines({**task.reference, **texts})
     base = judge.hidden(task, ref)
@@ -391,7 +386,7 @@ def design_task(task, judge: CachedJudge, rng: random.Random, split: bool = Fals
         if found >= N_BUGS + HARM_MENU or found + (min(MAX_PROBES, len(probes)) - k - 1) // 2 < N_BUGS + 2:
             break
     chosen = separable(harmful)
-    if len(chosen) < N_BUGS + 2 or split and {h.loc[0] for h in chosen} != {FILE, HELPERS}:
+    if len(chosen) < N_BUGS + 2:
         return None
     # The varied menu goes on with every other partial-damage mutation (another family on a menu line, too).
     # Total damage stays out: it would hide every other edit's effect, leaving nothing to measure.
@@ -420,6 +415,48 @@ def design_task(task, judge: CachedJudge, rng: random.Random, split: bool = Fals
     task = dataclasses.replace(task, workspace=workspace)
     problem = str(task.meta.get("problem", task.task_id))
     return TaskDesign(task, problem, ref, start, bugs, harms, neutrals[:3])
+
+
+def pair_designs(designs: Sequence[TaskDesign], judge: CachedJudge) -> list[TaskDesign]:
+    """The multi_file designs: designs two by two (in order; a design whose problem its partner shares
+    waits for the next), each pair one workspace with one program under each of PAIR_DIRS. Bugs, harms and
+    neutral rewrites of both, interleaved so that the short menus hold both files; the judge runs each
+    program's own tests on its own folder (`CachedJudge.pair`)."""
+    from pipeline.tasks.base import Task
+
+    def moved(folder: str, items):
+        return [((folder + name, i), text) for (name, i), text in items]
+
+    def interleaved(a, b):
+        return [x for pair in zip_longest(a, b) for x in pair if x is not None]
+
+    out, waiting = [], list(designs)
+    while len(waiting) >= 2:
+        first = waiting.pop(0)
+        partner = next((d for d in waiting if d.problem != first.problem), None)
+        if partner is None:
+            break
+        waiting.remove(partner)
+        parts = list(zip(PAIR_DIRS, (first, partner), strict=True))
+        task_id = f"pairs/{first.task.task_id}+{partner.task.task_id}"
+        task = Task(
+            task_id=task_id, source="pairs", split=first.task.split,
+            instructions="\n\n".join(f"In {folder}: {d.task.instructions}" for folder, d in parts),
+            workspace={folder + p: t for folder, d in parts for p, t in d.task.workspace.items()},
+            visible_tests=first.task.visible_tests, hidden_tests=first.task.hidden_tests,  # the judge composes
+            reference={folder + p: t for folder, d in parts for p, t in d.task.reference.items()},
+            meta={"problem": f"{first.problem}+{partner.problem}"},
+        )  # fmt: skip
+        judge.pair(task_id, [(folder, d.task) for folder, d in parts])
+        out.append(TaskDesign(
+            task=task, problem=f"{first.problem}+{partner.problem}",
+            reference={folder + p: lines for folder, d in parts for p, lines in d.reference.items()},
+            start={folder + p: lines for folder, d in parts for p, lines in d.start.items()},
+            bugs=sorted((folder + name, i) for folder, d in parts for name, i in d.bugs),
+            harms=interleaved(*(moved(folder, d.harms) for folder, d in parts)),
+            neutrals=interleaved(*(moved(folder, d.neutrals) for folder, d in parts)),
+        ))  # fmt: skip
+    return out
 
 
 # ----------------------------------------------------------------------------------------------- plans
@@ -669,13 +706,8 @@ def candidate_tasks(sources: Sequence[str], seed: int, ids: Sequence[str] | None
     return tasks
 
 
-def _splittable(task) -> bool:
-    text = task.reference.get(FILE)
-    return text is not None and split_into_files(text, str(task.meta.get("entry_point", ""))) is not None
-
-
 def _designs(
-    tasks, judge, workers, n_tasks: int, pool_size: int, seed: int, split: bool
+    tasks, judge, workers, n_tasks: int, pool_size: int, seed: int
 ) -> tuple[list[TaskDesign], int]:
     """(designs of the first n_tasks qualifying tasks (0: all), tasks tried)."""
     designs: list[TaskDesign] = []
@@ -685,8 +717,8 @@ def _designs(
             break
         tried = min(len(tasks), k + pool_size)
         batch = tasks[k : k + pool_size]
-        rngs = [random.Random(f"{seed}/{t.task_id}/{split}") for t in batch]
-        for d in workers.map(lambda t, r: design_task(t, judge, r, split), batch, rngs):
+        rngs = [random.Random(f"{seed}/{t.task_id}/False") for t in batch]  # the published runs' seeds
+        for d in workers.map(lambda t, r: design_task(t, judge, r), batch, rngs):
             if d is not None and (not n_tasks or len(designs) < n_tasks):
                 designs.append(d)
     return designs, tried
@@ -717,17 +749,16 @@ def build(
     with SandboxPool(SandboxSettings(pool_size=pool_size, timeout_s=3.0, cpu_s=3)) as pool:
         judge = CachedJudge(Judge(pool))
         with ThreadPoolExecutor(pool_size) as workers:
-            designs, tried = _designs(tasks, judge, workers, n_tasks, pool_size, seed, split=False)
+            designs, tried = _designs(tasks, judge, workers, n_tasks, pool_size, seed)
             sources_of = sorted({d.task.source for d in designs})
             log(f"{len(designs)} of {tried} tasks tried qualify "
                 f"({', '.join(f'{s}: {sum(d.task.source == s for d in designs)}' for s in sources_of)}); "
                 f"{len(judge.cache)} runs ({time.perf_counter() - t0:.0f} s)")  # fmt: skip
             for variant in ("mixed", *(v for v in variants if v != "mixed")):  # mixed always: the headline
                 chosen = designs
-                if variant == "multi_file":  # every task with helper definitions to move, up to n_tasks
-                    splittable = [t for t in tasks if _splittable(t)]
-                    chosen, tried = _designs(splittable, judge, workers, n_tasks, pool_size, seed, split=True)
-                    log(f"multi_file: {len(chosen)} of {tried} splittable tasks tried qualify")
+                if variant == "multi_file":  # the qualified programs two by two, each pair one workspace
+                    chosen = pair_designs(designs, judge)
+                    log(f"multi_file: {len(chosen)} workspaces of two programs each")
                 jobs = [(d, g) for d in chosen for g in range(n_rollouts)]
 
                 def one(job, variant=variant):

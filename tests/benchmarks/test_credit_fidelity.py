@@ -192,14 +192,56 @@ def test_render_every_shape_parses_to_the_planned_files(fidelity):
         fidelity.render(0, files, edits, "diff")
 
 
-def test_split_into_files_moves_helpers(fidelity):
-    split = fidelity.split_into_files(SOURCE, "f")
-    assert "def helper" in split["helpers.py"] and "import math" in split["helpers.py"]
-    assert (
-        split["solution.py"].startswith("from helpers import *\n") and "def f(a, b)" in split["solution.py"]
-    )
-    assert "def helper" not in split["solution.py"]
-    assert fidelity.split_into_files("def f():\n    return 1\n", "f") is None  # nothing to move
+def _task(task_id, files):
+    from pipeline.tasks.base import Task, TestSuite
+
+    suite = TestSuite(kind="check", files={"t.py": "def check(c): pass"}, entry_point="f", module="solution")
+    return Task(task_id=task_id, source="s", split="test", instructions=f"fix {task_id}", workspace=files,
+                visible_tests=suite, hidden_tests=suite, reference=files)
+
+
+class _CountingJudge:
+    """Passes a case per line that says `ok`; records which task saw which files."""
+
+    def __init__(self):
+        self.seen = []
+
+    def run(self, task, files, *, hidden=False):
+        from pipeline.sandbox.judge import CaseResult, ExecResult
+
+        self.seen.append((task.task_id, dict(files)))
+        lines = files["solution.py"].splitlines()
+        cases = tuple(CaseResult(f"line {i}", line == "ok") for i, line in enumerate(lines))
+        passed = sum(c.passed for c in cases)
+        return ExecResult("passed" if passed == len(cases) else "failed", passed, len(cases), 0.1, "bwrap", cases)
+
+
+def test_multi_file_pairs_two_programs_in_one_workspace(fidelity):
+    """multi_file: two programs under a/ and b/, each judged by its own tests on its own folder."""
+    designs = []
+    for name, problem in (("s/1", "p1"), ("s/1plus", "p1"), ("s/2", "p2"), ("s/3", "p3")):
+        ref = {"solution.py": ["ok\n", "ok\n"]}
+        designs.append(fidelity.TaskDesign(
+            task=_task(name, {"solution.py": "bad\nok\n"}), problem=problem, reference=ref,
+            start={"solution.py": ["bad\n", "ok\n"]}, bugs=[("solution.py", 0)],
+            harms=[(("solution.py", 1), f"h{k}\n") for k in range(2)], neutrals=[(("solution.py", 1), "ok \n")],
+        ))  # fmt: skip
+    inner = _CountingJudge()
+    judge = fidelity.CachedJudge(inner)
+    pairs = fidelity.pair_designs(designs, judge)
+    # a program never shares a workspace with another spelling of its own problem; the odd one out waits
+    assert [d.problem for d in pairs] == ["p1+p2", "p1+p3"]
+    first = pairs[0]
+    assert sorted(first.task.workspace) == ["a/solution.py", "b/solution.py"]
+    assert first.bugs == [("a/solution.py", 0), ("b/solution.py", 0)]
+    assert [loc[0] for loc, _ in first.harms[:2]] == ["a/solution.py", "b/solution.py"]  # both in the menu
+    result = judge.run(first.task, {"a/solution.py": "ok\nok\n", "b/solution.py": "bad\nok\n"}, hidden=True)
+    assert inner.seen == [("s/1", {"solution.py": "ok\nok\n"}), ("s/2", {"solution.py": "bad\nok\n"})]
+    assert (result.status, result.passed, result.total) == ("failed", 3, 4)  # passed only if both pass
+    assert [c.name for c in result.cases if not c.passed] == ["b/line 0"]
+    both = judge.run(first.task, {"a/solution.py": "ok\nok\n", "b/solution.py": "ok\nok\n"}, hidden=True)
+    assert (both.status, both.pass_fraction) == ("passed", 1.0)
+    assert len(inner.seen) == 3  # the a/ program's run was cached
 
 
 def test_plan_is_a_function_of_its_seed(fidelity):
@@ -227,15 +269,19 @@ def test_plan_is_a_function_of_its_seed(fidelity):
 # ----------------------------------------------------------------------------------------- real build
 @pytest.mark.slow
 def test_tiny_build_scores_every_estimator(fidelity):
-    """One HumanEval task, 3 rollouts x 2 turns through the real Episode and sandbox, three variants."""
+    """Two HumanEval tasks, 3 rollouts x 2 turns through the real Episode and sandbox, four variants."""
     bench = fidelity.build(
-        ("humaneval",), n_tasks=1, n_rollouts=3, n_turns=2, variants=("mixed", "hunk", "outcome_only"),
-        pool_size=1, ids=["humaneval/HumanEval/132"],
+        ("humaneval",), n_tasks=2, n_rollouts=3, n_turns=2,
+        variants=("mixed", "hunk", "outcome_only", "multi_file"), pool_size=1,
+        ids=["humaneval/HumanEval/132", "humaneval/HumanEval/74"],
     )  # fmt: skip
-    assert set(bench.variants) == {"mixed", "hunk", "outcome_only"}
+    assert set(bench.variants) == {"mixed", "hunk", "outcome_only", "multi_file"}
     assert bench.executions <= bench.lookups
     mixed = bench.variants["mixed"]
-    assert mixed.n_tasks == 1 and len(mixed.steps) == 6
+    assert mixed.n_tasks == 2 and len(mixed.steps) == 12
+    pair = bench.variants["multi_file"]  # both programs in one workspace, each judged by its own tests
+    assert pair.n_tasks == 1 and len(pair.steps) == 6
+    assert {e.loc[0] for e in pair.edits} == {"a/solution.py", "b/solution.py"}
     for data in bench.variants.values():
         by_row = {s.row_id: s for s in data.steps}
         for edit in data.edits:  # each edit's span is the code of the line it writes
