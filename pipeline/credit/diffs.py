@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -41,14 +42,18 @@ class Hunk:
         return self.file, tuple(d.text for d in self.deleted), tuple(a.text for a in self.added)
 
 
-@lru_cache(maxsize=4096)
-def line_opcodes(before: str, after: str, max_diff_lines: int) -> tuple[tuple[int, int, int, int], ...]:
-    """Changed regions (i1, i2, j1, j2): before-lines [i1, i2) became after-lines [j1, j2).
+Region = tuple[int, int, int, int]  # (i1, i2, j1, j2): a[i1:i2] became b[j1:j2]
 
-    Common prefix and suffix lines are trimmed first (linear); difflib only sees the changed middle. A middle
-    longer than `max_diff_lines` on either side is reported as one region without running difflib.
+
+def changed_regions(a: Sequence, b: Sequence, max_lines: int | None = None) -> tuple[Region, ...]:
+    """Changed regions of the line sequence a -> b, in order; the lines between them are equal one for one.
+
+    Common prefix and suffix lines are trimmed first (linear); difflib only sees the changed middle. Where the
+    middle is as long on both sides, lines rewritten in place are preferred to difflib's moves when they
+    change no more lines (a line the file holds twice, rewritten at one copy while its other copy is
+    rewritten into it, is two rewrites, not a line moved). A middle longer than `max_lines` on either side is
+    reported as one region without running difflib.
     """
-    a, b = before.splitlines(), after.splitlines()
     lo = 0
     while lo < len(a) and lo < len(b) and a[lo] == b[lo]:
         lo += 1
@@ -56,18 +61,34 @@ def line_opcodes(before: str, after: str, max_diff_lines: int) -> tuple[tuple[in
     while hi_a > lo and hi_b > lo and a[hi_a - 1] == b[hi_b - 1]:
         hi_a -= 1
         hi_b -= 1
-    if hi_a == lo and hi_b == lo:
+    n_a, n_b = hi_a - lo, hi_b - lo
+    if n_a == n_b == 0:
         return ()
-    if max(hi_a - lo, hi_b - lo) > max_diff_lines or min(hi_a - lo, hi_b - lo) == 0 or hi_a - lo == hi_b - lo == 1:
+    if (max_lines is not None and max(n_a, n_b) > max_lines) or min(n_a, n_b) == 0 or n_a == n_b == 1:
         # too long, a pure insertion or deletion, or one line for one (trimmed ends differ): one region, as
         # difflib would find it
         return ((lo, hi_a, lo, hi_b),)
     matcher = difflib.SequenceMatcher(None, a[lo:hi_a], b[lo:hi_b])
-    return tuple(
-        (i1 + lo, i2 + lo, j1 + lo, j2 + lo)
-        for tag, i1, i2, j1, j2 in matcher.get_opcodes()
-        if tag != "equal"
-    )
+    moved = tuple((i1 + lo, i2 + lo, j1 + lo, j2 + lo) for tag, i1, i2, j1, j2 in matcher.get_opcodes()
+                  if tag != "equal")
+    if n_a == n_b:
+        differ = [k for k in range(lo, hi_a) if a[k] != b[k]]
+        if 2 * len(differ) <= sum(i2 - i1 + j2 - j1 for i1, i2, j1, j2 in moved):
+            runs = [[differ[0], differ[0] + 1]]
+            for k in differ[1:]:
+                if k == runs[-1][1]:
+                    runs[-1][1] = k + 1
+                else:
+                    runs.append([k, k + 1])
+            return tuple((i, j, i, j) for i, j in runs)
+    return moved
+
+
+@lru_cache(maxsize=4096)
+def line_opcodes(before: str, after: str, max_diff_lines: int) -> tuple[Region, ...]:
+    """Changed regions (i1, i2, j1, j2) of two texts' lines: before-lines [i1, i2) became after-lines
+    [j1, j2) (`changed_regions`)."""
+    return changed_regions(before.splitlines(), after.splitlines(), max_diff_lines)
 
 
 class _Locator:

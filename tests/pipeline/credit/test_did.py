@@ -251,3 +251,54 @@ def test_line_units_and_advantages_do_not_depend_on_the_string_hash_seed(make_st
         outputs.add(run.stdout.strip())
     assert len(outputs) == 1, outputs
     assert len(next(iter(outputs))) == len(hashlib.sha256().hexdigest())
+
+
+# A program that holds one line twice: the start lost the assignment of the second copy (a bug), and a harm
+# drops the assignment of the first. A fix and the harm in one action leave the file's *set* of lines as it
+# was; only the lines' places tell them apart.
+TWICE = "def g(x):\n    r = 0\n    r = r + x\n    q = 5\n    r + x\n    return r + q\n"
+TWICE_FIX = ("    q = 5\n    r + x\n", "    q = 5\n    r = r + x\n")
+TWICE_HARM = ("    r = 0\n    r = r + x\n", "    r = 0\n    r + x\n")
+
+
+def _twice_batch(make_step):
+    effect = {"F": 0.4, "H": -0.3}
+    plan = {"a": [("F", "H")], "b": [("F",)], "c": [("H",)], "d": [("H", "F")], "e": [("F",), ("H",)],
+            "f": [("H",), ("F",)], "g": [("N",)]}
+    steps = []
+    for traj, turns in plan.items():
+        files, level = {"solution.py": TWICE}, 0.3
+        for turn, names in enumerate(turns):
+            edits = [("replace", "solution.py", *(TWICE_FIX if n == "F" else TWICE_HARM if n == "H" else
+                                                  ("    q = 5\n", "    q = (5)\n"))) for n in names]
+            level += sum(effect.get(n, 0.0) for n in names)
+            step, files = make_step(f"{traj}{turn}", traj, "demo/twice", turn, 0.2 * level, files, edits)
+            steps.append(dataclasses.replace(step, visible_pass_fraction=level))
+    return steps
+
+
+def _mean_on_block(result, step, k: int, text: str) -> float:
+    """Mean token advantage over `text` inside the k-th <replace> payload of the step's response."""
+    at = -1
+    for _ in range(k + 1):
+        at = step.response_text.index("<replace>", at + 1)
+    start = step.response_text.index(text, at)
+    tokens = (step.token_char_starts < start + len(text)) & (step.token_char_ends > start)
+    return float(result.token_advantages(step.row_id)[tokens].mean())
+
+
+def test_a_line_held_twice_is_two_units(make_step):
+    """The fix of one copy and the harm of the other, written in one action, get opposite credit: a unit is
+    a line at its place (as sets of lines, the state after both equals the start and neither is credited)."""
+    steps = _twice_batch(make_step)
+    result = compute_credit(steps, CreditSettings(estimator="didpo_did"))
+    a_e = {a.step.row_id: a.episode_advantage for a in result.advantages}
+    both = {"a0": (0, 1), "d0": (1, 0)}  # row -> (fix's block, harm's block)
+    for row, (fix, harm) in both.items():
+        step = next(s for s in steps if s.row_id == row)
+        fix_credit = _mean_on_block(result, step, fix, "r = r + x") - a_e[row]
+        harm_credit = _mean_on_block(result, step, harm, "r + x") - a_e[row]
+        assert fix_credit > 0 > harm_credit, (row, fix_credit, harm_credit)
+    units = credit_units(steps, CreditSettings(estimator="didpo_did")).batch.line_units
+    row_of = {s.row_id: r for r, s in enumerate(steps)}
+    assert any(row == row_of["a0"] for row, _ in units.present.tolist())  # the state after a0 is not the start

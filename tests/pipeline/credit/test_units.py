@@ -199,7 +199,8 @@ def test_a_line_equal_up_to_indentation_is_located_on_its_code(make_step):
 
 
 def test_line_opcodes_are_difflibs_changed_regions_after_trimming_the_common_ends():
-    """The shortcuts (a pure insertion or deletion, one line for one) give what difflib gives."""
+    """The shortcuts (a pure insertion or deletion, one line for one) give what difflib gives; where both
+    sides' middles are as long, lines rewritten in place win when they change no more lines."""
     import difflib
     import random
 
@@ -216,7 +217,21 @@ def test_line_opcodes_are_difflibs_changed_regions_after_trimming_the_common_end
             ha, hb = ha - 1, hb - 1
         want = tuple((i1 + lo, i2 + lo, j1 + lo, j2 + lo) for tag, i1, i2, j1, j2
                      in difflib.SequenceMatcher(None, a[lo:ha], b[lo:hb]).get_opcodes() if tag != "equal")
+        differ = [k for k in range(lo, ha) if ha - lo == hb - lo and a[k] != b[k]]
+        if differ and 2 * len(differ) <= sum(i2 - i1 + j2 - j1 for i1, i2, j1, j2 in want):
+            got = line_opcodes(before, after, 50)
+            assert all(i1 == j1 and i2 == j2 for i1, i2, j1, j2 in got), (a, b)  # in place
+            assert [k for i1, i2, _, _ in got for k in range(i1, i2)] == differ, (a, b)
+            continue
         assert line_opcodes(before, after, 50) == want, (a, b)
+
+
+def test_a_line_rewritten_into_its_twin_is_two_rewrites_not_a_move():
+    """`x = a + 1` held twice: one copy rewritten, the other rewritten into it. difflib sees a move (two
+    lines inserted, two deleted); in place it is two one-line rewrites, which is what the action wrote."""
+    before = "x = a + 1\nq = 5\nx + 1\n"
+    after = "x + 1\nq = 5\nx = a + 1\n"
+    assert line_opcodes(before, after, 50) == ((0, 1, 0, 1), (2, 3, 2, 3))
 
 
 def test_the_collector_is_paused_inside_and_restored_after_even_on_error():
