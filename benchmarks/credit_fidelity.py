@@ -356,20 +356,18 @@ def design_task(task, judge: CachedJudge, rng: random.Random) -> TaskDesign | No
     source = task.reference.get(path)
     if source is None or not task.hidden_tests.module:
         return None
-    texts = {path: source}
     firsts: list[tuple[Loc, str]] = []  # one mutation per line first, then a second family where there is one
     seconds: list[tuple[Loc, str]] = []
-    for name in sorted(texts):
-        for i, options in line_mutations(texts[name]).items():
-            options = rng.sample(options, min(2, len(options)))
-            firsts.append(((name, i), options[0]))
-            seconds += [((name, i), o) for o in options[1:]]
+    for i, options in line_mutations(source).items():
+        options = rng.sample(options, min(2, len(options)))
+        firsts.append(((path, i), options[0]))
+        seconds += [((path, i), o) for o in options[1:]]
     if len(firsts) < N_BUGS + 2 or count_cases(task.hidden_tests) > MAX_HIDDEN_CASES:
         return None  # too few mutable lines or too costly tests: no run needed to know
     rng.shuffle(firsts)
     rng.shuffle(seconds)
     probes = firsts + seconds
-    ref = split_lines({**task.reference, **texts})
+    ref = split_lines(task.reference)
     base = judge.hidden(task, ref)
     if base.pass_fraction < 1.0:
         return None
@@ -403,11 +401,10 @@ def design_task(task, judge: CachedJudge, rng: random.Random) -> TaskDesign | No
         start[h.loc[0]][h.loc[1]] = h.text
     taken = {h.loc for h in harmful}
     neutrals = []
-    for name in sorted(texts):
-        for i in range(len(ref[name])):
-            text = parenthesized(ref[name], i) if (name, i) not in taken else None
-            if text is not None:
-                neutrals.append(((name, i), text))
+    for i in range(len(ref[path])):
+        text = parenthesized(ref[path], i) if (path, i) not in taken else None
+        if text is not None:
+            neutrals.append(((path, i), text))
     rng.shuffle(neutrals)
     if not neutrals:
         return None
