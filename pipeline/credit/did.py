@@ -3,8 +3,9 @@
 The paper's A^D compares the return of the rows that contain an anchor with the mean over those rows; every
 change bundled into the same action gets the same credit. Here, per task group, a state model:
 
-1. Units (`lines.line_units`): the lines a workspace has that its trajectory's start lacks (`add`) and the
-   start's lines it lacks (`del`), each line compared by its canonical tokens.
+1. Units (`lines.line_units`): the lines a workspace has at a place where its trajectory's start lacks them
+   (`add`) and the start's lines it lacks (`del`), each line compared by its tokens at its place (a line
+   the program holds twice is two units).
 2. Observations (settings.did_outcome): `visible` (default) the visible pass fraction of the workspace after
    every step; `return` one per trajectory, its final workspace with the episode return. `visible` falls
    back to `return` in a task group where a row has no visible pass fraction (outcome-only rewards).
