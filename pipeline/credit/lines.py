@@ -6,10 +6,10 @@ would make a misspelt binding the same line as the correct one), relative to the
 workspace: `del` (line i of the start is missing) or `add` (a line the start does not have there is present;
 its place is the start line it stands in for, or the start line it was inserted before and its rank among
 the insertions). Places come from aligning each file with its start (`diffs.changed_regions` over the
-lines' tokens). The
-state after a step is the set of units present in its whole workspace; so a fix written in any turn, by any
-rollout, is the same unit (same line, same place), undoing a harmful change removes the harm's unit, and a
-line the program holds twice is two units: a fix at one copy and a harm at the other do not cancel.
+lines' tokens). The state after a step is the set of units present in its whole workspace; so a fix
+written in any turn, by any rollout, is the same unit (same line, same place), undoing a harmful change
+removes the harm's unit, and a line the program holds twice is two units: a fix at one copy and a harm at
+the other do not cancel.
 
 A step's *changes* are the pairs of its diff (`diffs.whole_diff`): within a hunk, deleted line j with added
 line j (a rewritten line), and the unpaired rest. A change's *terms* are the units its lines switched on (+1)
@@ -124,6 +124,7 @@ def line_units(rows: Sequence[StepInput], task_index: np.ndarray, traj_index: np
         for path in step.files_after:
             start.setdefault(path, "")
         before_files = {**workspace, **step.files_before}
+        # the workspace after the step: what it had, less the files the step deleted, plus what it wrote
         workspace = {p: t for p, t in before_files.items() if p in step.files_after or p not in step.files_before}
         workspace.update(step.files_after)
         before, before_lines = _workspace_units(start, before_files, max_file_lines)
@@ -135,9 +136,8 @@ def line_units(rows: Sequence[StepInput], task_index: np.ndarray, traj_index: np
         owner = np.full(step.n_tokens, -1, np.int64)
         for hunk in whole_diff(step, max_file_lines, max_diff_lines, stats):
             for j in range(max(len(hunk.deleted), len(hunk.added))):
-                pairs = [(d, line_map.get(hunk.file, ())) for side, line_map in
-                         ((hunk.deleted, before_lines), (hunk.added, after_lines)) if j < len(side)
-                         for d in (side[j],)]
+                pairs = [(side[j], line_map.get(hunk.file, ())) for side, line_map in
+                         ((hunk.deleted, before_lines), (hunk.added, after_lines)) if j < len(side)]
                 keys = {m[d.line_no] for d, m in pairs if d.line_no < len(m) and m[d.line_no] is not None}
                 terms = [switched[k] for k in sorted(keys) if k in switched]
                 spans = [d.span for d, _ in pairs if d.span is not None]
