@@ -243,7 +243,10 @@ class Judge:
         with self._lock:
             if key in self._expected:
                 return self._expected[key]
-        report, outputs = self._run_io_raw(suite, reference, output_check, timeout)
+        # the reference is ours, not the candidate's: its deadline is the roomier one (what the candidate is
+        # held to stays `timeout`), so a loaded box does not make a slow reference an infra_error
+        deadline = max(timeout, self.pool.settings.reference_timeout_s)
+        report, outputs = self._run_io_raw(suite, reference, output_check, deadline)
         if outputs is None:
             why = (report.get("infra_error") or report.get("workspace_error")
                    or "the reference solution did not complete its io harness")

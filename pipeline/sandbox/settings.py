@@ -15,6 +15,10 @@ class SandboxSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     timeout_s: float = Field(10.0, description="wall-clock deadline of one execution, seconds")
+    reference_timeout_s: float = Field(
+        60.0, description="wall-clock deadline of a task's own reference run (an io suite's expected outputs; "
+        "trusted code, once per judge and task), seconds, never below timeout_s: a box under load slows the "
+        "reference too, and a reference cut off at the candidates' deadline makes every run of the task infra_error")
     cpu_s: int = Field(10, description="RLIMIT_CPU per process, seconds")
     memory_bytes: int = Field(1024 * MiB, description="RLIMIT_AS per process, bytes")
     max_processes: int = Field(32, description="RLIMIT_NPROC per sandbox uid")
@@ -39,11 +43,11 @@ class SandboxSettings(BaseModel):
         description="modules imported once per worker so each execution forks with them warm",
     )
 
-    @field_validator("timeout_s")
+    @field_validator("timeout_s", "reference_timeout_s")
     @classmethod
-    def _positive_float(cls, v: float) -> float:
+    def _positive_float(cls, v: float, info) -> float:
         if not v > 0:
-            raise ValueError(f"timeout_s must be > 0 seconds, got {v}")
+            raise ValueError(f"{info.field_name} must be > 0 seconds, got {v}")
         return v
 
     @field_validator("cpu_s", "max_processes", "open_files", "pool_size")

@@ -257,6 +257,22 @@ def test_task_timeout_is_a_floor_on_the_wall_deadline(pool, task_factory):
         judge.run(dataclasses.replace(base, meta={"timeout_s": -1}), {"solution.py": GOOD})
 
 
+def test_a_slow_reference_gets_its_own_deadline_and_the_candidate_keeps_its_own(pool, monkeypatch):
+    """The reference's run (an io suite's expected outputs) is ours: cut off at the candidates' deadline, as on
+    a loaded box, every run of the task was an infra_error. The candidate is still held to the judge's."""
+    sleepy = "import time\n\n\ndef f(x):\n    time.sleep(0.4)\n    return x\n"  # sleeping: wall time, no CPU
+    task = _io_task(sleepy, ([1], [2]), "equal")  # 0.8 s of reference against a 0.5 s deadline
+    judge = Judge(pool, timeout_s=0.5)
+    assert judge.run(task, {"solution.py": "def f(x):\n    return x\n"}).status == "passed"
+    assert judge.run(task, {"solution.py": sleepy}).status == "timeout"
+    assert judge.run(task, {"solution.py": "def f(x):\n    return -x\n"}).status == "failed"
+    monkeypatch.setattr(pool, "settings", pool.settings.model_copy(update={"reference_timeout_s": 0.5}))
+    cut = Judge(pool, timeout_s=0.5).run(task, {"solution.py": "def f(x):\n    return x\n"})
+    assert cut.status == "infra_error" and "did not complete its io harness" in cut.detail, cut
+    with pytest.raises(ValueError, match="reference_timeout_s must be > 0 seconds"):
+        SandboxSettings(reference_timeout_s=0)
+
+
 @pytest.mark.slow
 def test_exercism_helpers_import_and_skips_are_no_cases(judge):
     tasks = {t.task_id: t for t in load_source("exercism", ids=["exercism/error-handling", "exercism/alphametics"])}
