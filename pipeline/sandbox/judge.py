@@ -113,7 +113,7 @@ class Judge:
     def __init__(self, pool: SandboxPool, timeout_s: float | None = None):
         self.pool = pool
         self.timeout_s = timeout_s
-        self._expected: dict[str, list] = {}
+        self._expected: dict[str, list | ExecResult] = {}
         self._lock = threading.Lock()
 
     # -- public
@@ -238,6 +238,8 @@ class Judge:
 
     def _expected_outputs(self, suite: TestSuite, reference: dict, key: str, output_check: str,
                           timeout: float) -> list | ExecResult:
+        """The reference's outputs, or the infra_error every candidate of the task gets instead. Cached per
+        judge, a reference that fails too (it fails the same way each time), except a failure of the pool."""
         reduce = _OUTPUT_REDUCTIONS.get(output_check)
         key = f"{key}|{_hash([reference, list(suite.inputs), suite.entry_point, suite.module, reduce])}"
         with self._lock:
@@ -247,9 +249,16 @@ class Judge:
         # held to stays `timeout`), so a loaded box does not make a slow reference an infra_error
         deadline = max(timeout, self.pool.settings.reference_timeout_s)
         report, outputs = self._run_io_raw(suite, reference, output_check, deadline)
+        if outputs is None and "infra_error" in report:  # the sandbox's failure: the next run tries again
+            return self._infra(f"cannot compute expected outputs: {report['infra_error']}", len(suite.inputs))
+        result = self._expected_from(suite, outputs, report)
+        with self._lock:
+            self._expected[key] = result
+        return result
+
+    def _expected_from(self, suite: TestSuite, outputs: list | None, report: dict) -> list | ExecResult:
         if outputs is None:
-            why = (report.get("infra_error") or report.get("workspace_error")
-                   or "the reference solution did not complete its io harness")
+            why = report.get("workspace_error") or "the reference solution did not complete its io harness"
             return self._infra(f"cannot compute expected outputs: {why}", len(suite.inputs))
         expected = [_decode_output(o) if o is not None else ("missing", None) for o in outputs]
         opaque = [i for i, (kind, value) in enumerate(expected)
@@ -257,8 +266,6 @@ class Judge:
         if opaque:  # nothing to compare with: any candidate output of the same shape would "pass"
             return self._infra(f"cannot compute expected outputs: the reference returned no plain data for "
                                f"input {opaque[0]} ({len(opaque)} inputs in all)", len(suite.inputs))
-        with self._lock:
-            self._expected[key] = expected
         return expected
 
     def _run_io(self, suite: TestSuite, files: dict, expected: list, output_check: str,

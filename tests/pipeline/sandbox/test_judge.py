@@ -267,8 +267,13 @@ def test_a_slow_reference_gets_its_own_deadline_and_the_candidate_keeps_its_own(
     assert judge.run(task, {"solution.py": sleepy}).status == "timeout"
     assert judge.run(task, {"solution.py": "def f(x):\n    return -x\n"}).status == "failed"
     monkeypatch.setattr(pool, "settings", pool.settings.model_copy(update={"reference_timeout_s": 0.5}))
-    cut = Judge(pool, timeout_s=0.5).run(task, {"solution.py": "def f(x):\n    return x\n"})
-    assert cut.status == "infra_error" and "did not complete its io harness" in cut.detail, cut
+    cut = Judge(pool, timeout_s=0.5)
+    runs = []
+    monkeypatch.setattr(cut, "_execute", lambda job, timeout: runs.append(timeout) or Judge._execute(cut, job, timeout))
+    for _ in range(2):  # the reference's failure is the task's: cached, not paid again by each candidate
+        result = cut.run(task, {"solution.py": "def f(x):\n    return x\n"})
+        assert result.status == "infra_error" and "did not complete its io harness" in result.detail, result
+    assert runs == [0.5]
     with pytest.raises(ValueError, match="reference_timeout_s must be > 0 seconds"):
         SandboxSettings(reference_timeout_s=0)
 
@@ -331,6 +336,10 @@ def test_dead_worker_is_an_infra_error_then_recovers(pool, judge, task_factory):
         res = Judge(no_retry).run(task_factory(), {"solution.py": GOOD})
         assert res.status == "infra_error" and res.passed == 0 and res.detail
         assert Judge(no_retry).run(task_factory(), {"solution.py": GOOD}).status == "passed"
+        io_judge = Judge(no_retry)  # the pool failing on the reference's run is not cached as the task's fault
+        no_retry._all[0].proc.kill()
+        assert io_judge.run(task_factory("io"), {"solution.py": GOOD}).status == "infra_error"
+        assert io_judge.run(task_factory("io"), {"solution.py": GOOD}).status == "passed"
     finally:
         no_retry.close()
 
