@@ -14,7 +14,7 @@ with difflib's ratio. The naive baseline is run in full only up to NAIVE_PAIR_CA
 times a fixed random sample of pairs and the table marks the figure "est" (pairs x measured time per pair).
 The credit stage's per-text caches are cleared before every timed run (each run is a cold batch).
 
-Beside didpo (the default estimator), the same batches are timed with didpo_did (columns did_sec,
+Beside didpo (the paper's estimator; the default is didpo_did), the same batches are timed with didpo_did (columns did_sec,
 did/didpo; target: within 1.2x of didpo on the paper batch) and with grpo (grpo_ms: `compute_credit`
 computes no sub-diffs or anchors for an estimator that does not read them, so this is what GRPO costs).
 
@@ -239,7 +239,7 @@ def _measure(n_rollouts: int, queue) -> None:
         pass
     from pipeline.credit import CreditSettings, clear_caches, compute_credit
 
-    settings = CreditSettings()
+    settings = CreditSettings(estimator="didpo")  # the paper's: its sub-diffs and anchors are what the naive baseline redoes
     steps = build_batch(n_rollouts)
     compute_credit(steps[: len(steps) // 8], settings)  # warm imports and caches of unrelated rows
     times = []

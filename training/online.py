@@ -28,17 +28,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pipeline.credit_io import STEP_COLUMNS
 from training.settings import OnlineSettings
 
 if TYPE_CHECKING:
     from training.config import DidpoConfig
 
 STEP_KEY = "didpo_step"  # Experience.info key: per row, the step record (see STEP_FIELDS)
-STEP_FIELDS = (  # the steps-table columns the credit core reads (pipeline.credit_io.step_input) + R_t
-    "row_id", "traj_id", "task_id", "turn", "step_reward", "return_to_go", "response_text",
-    "token_char_starts", "token_char_ends", "action_json", "files_before", "files_after",
-    "workspace_hash_before",
-)
+STEP_FIELDS = (*STEP_COLUMNS, "return_to_go")  # the steps columns the credit core reads, + R_t
 CONFIG_ENV = "DIDPO_ONLINE_CONFIG_JSON"  # resolved config handed to every Ray worker (trainer, vLLM engines)
 
 

@@ -22,7 +22,7 @@ class CreditSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    estimator: str = "didpo"  # a name in pipeline.credit.estimators.ESTIMATORS
+    estimator: str = "didpo_did"  # a name in pipeline.credit.estimators.ESTIMATORS (docs/didpo_did.md: why this one)
     lam: float = 1.0  # lambda: weight of the diff-level term A^D in (A^E + lambda * A^D)
     gamma: float = 0.95  # discount of the return R_t = sum_k gamma^(k-t) r_k
     eta: float = 0.8  # exact Jaccard similarity (token shingles) a cluster member needs to its representative

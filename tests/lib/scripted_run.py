@@ -61,7 +61,7 @@ def write_round(run_dir, k: int, tasks, buggy_samples: set[int], heldout: float,
     schema.write_table(dead, schema.table_dir(rd, "dead_letter"), "dead_letter")
     schema.write_table(trajs, schema.table_dir(rd, "trajectories"), "trajectories")
     schema.write_table(steps, schema.table_dir(rd, "steps"), "steps")
-    credit = compute_credit(step_inputs([dataclasses.asdict(s) for s in steps]), CreditSettings())
+    credit = compute_credit(step_inputs([dataclasses.asdict(s) for s in steps]), CreditSettings(estimator="didpo"))
     for name, table in result_tables(credit).items():
         schema.write_table(table, schema.table_dir(rd, name), name)
     schema.write_manifest(schema.Manifest(run_dir.name, k, "cfg", "sha", f"v{k}",

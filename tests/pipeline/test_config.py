@@ -20,7 +20,7 @@ from training.config import DidpoConfig, load_config
 def test_default_config_loads_every_section():
     cfg = load_config()
     assert cfg.pipeline.runner == "FnApiRunner"  # never Prism locally
-    assert cfg.credit.estimator == "didpo" and cfg.credit.lam == 1.0
+    assert cfg.credit.estimator == "didpo_did" and cfg.credit.lam == 1.0
     assert cfg.policy.backend == "transformers" and cfg.tasks.train
 
 

@@ -178,7 +178,7 @@ def assert_same_advantages(folder: Path, result, lam: float, mode: str) -> None:
 @pytest.mark.parametrize("mode", ["mean_norm", "mean_std_norm"])
 @pytest.mark.parametrize("lam", [0.0, 1.0, 1.2])
 def test_python_and_sql_agree_on_a_realistic_round(steps_table, tmp_path, lam, mode) -> None:
-    result = write_round(tmp_path, steps_table, CreditSettings(lam=lam, adv_norm=mode))
+    result = write_round(tmp_path, steps_table, CreditSettings(estimator="didpo", lam=lam, adv_norm=mode))
     assert_same_advantages(tmp_path, result, lam, mode)
     n_diff = sum(a.n_diff_tokens for a in result.advantages)
     assert n_diff > 100 if lam else n_diff == 0  # lam = 0: no token receives a diff-level term
@@ -186,7 +186,7 @@ def test_python_and_sql_agree_on_a_realistic_round(steps_table, tmp_path, lam, m
 
 def test_the_round_exercises_every_rule(steps_table, tmp_path) -> None:
     """The realistic round holds the cases the rules settle, so the parity above is not vacuous."""
-    result = write_round(tmp_path, steps_table, CreditSettings())
+    result = write_round(tmp_path, steps_table, CreditSettings(estimator="didpo"))
     sub, members, anchors = (result_columns(result, t) for t in ("subdiffs", "anchor_members", "anchors"))
     index = {sid: i for i, sid in enumerate(sub["subdiff_id"])}
     anchored = [index[s] for s in members["subdiff_id"]]
@@ -235,7 +235,7 @@ def test_ties_on_a_shared_token_are_broken_the_same_way(tmp_path, d) -> None:
         rows.append(row)
     for lam, mode in ((1.0, "mean_norm"), (1.2, "mean_std_norm")):
         folder = tmp_path / mode
-        result = write_round(folder, schema.to_arrow("steps", rows), CreditSettings(lam=lam, adv_norm=mode))
+        result = write_round(folder, schema.to_arrow("steps", rows), CreditSettings(estimator="didpo", lam=lam, adv_norm=mode))
         shared = _shared_tokens(result)
         assert shared, "the round must hold a token that two anchors share"
         gs = {a.anchor_id: a.gs for a in result.anchors}
@@ -277,5 +277,5 @@ def small_rounds(draw) -> list[dict]:
        mode=st.sampled_from(["mean_norm", "mean_std_norm"]))
 def test_python_and_sql_agree_on_random_small_rounds(tmp_path_factory, rows, lam, mode) -> None:
     folder = tmp_path_factory.mktemp("round")
-    result = write_round(folder, schema.to_arrow("steps", rows), CreditSettings(lam=lam, adv_norm=mode))
+    result = write_round(folder, schema.to_arrow("steps", rows), CreditSettings(estimator="didpo", lam=lam, adv_norm=mode))
     assert_same_advantages(folder, result, lam, mode)

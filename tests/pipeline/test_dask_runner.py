@@ -55,7 +55,7 @@ def test_a_round_on_dask_writes_the_tables_of_fnapi(tiny_policy, cluster, tmp_pa
     assert _checksums(dask.round_dir) == expected
 
 
-@pytest.mark.parametrize("estimator", ["didpo", "reinforce_pp_baseline"])  # per task; a batch-wide combine
+@pytest.mark.parametrize("estimator", ["didpo", "didpo_did", "reinforce_pp_baseline"])  # per task; a batch-wide combine
 def test_credit_on_dask_writes_the_units_and_advantages_of_fnapi(cluster, tmp_path, estimator):
     rows = [rewrite_step(f"t/{t}", i, FIX if (i + t) % 3 else OTHER, float((i + t) % 3 > 0))
             for t in range(3) for i in range(4)]

@@ -22,6 +22,7 @@ from training.online import (
     load_online_config,
     openrlhf_argv,
     step_experience,
+    step_record,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -74,6 +75,7 @@ def _record(task: str, sample: int, turn: int, fix: str | None, reward: float, p
         "return_to_go": 0.0, "response_text": text, "token_char_starts": starts, "token_char_ends": ends,
         "action_json": json.dumps(action), "files_before": before, "files_after": after,
         "workspace_hash_before": f"{task}/h{turn}" if turn == 0 else f"{traj}/h{turn}",
+        "visible_passed": round(4 * reward), "visible_total": 4,  # didpo_did's outcome after the step
         "prompt_token_ids": rng.integers(1, 1000, prompt_len).tolist(),
         "response_token_ids": rng.integers(1, 1000, len(starts)).tolist(),
         "behavior_logprobs": [-0.5] * len(starts),
@@ -139,7 +141,7 @@ def _check_aligned(experiences, records, expected):
 
 @pytest.mark.parametrize("layout", ["right", "left"])
 def test_advantages_equal_offline_core_token_for_token(records, experience_cls, layout):
-    settings = CreditSettings()
+    settings = CreditSettings(estimator="didpo")
     expected, offline = _expected(records, settings)
     assert offline.diagnostics.n_anchors > 0 and max(a.n_diff_tokens for a in offline.advantages) > 0  # anchors formed
     make = _right_padded if layout == "right" else _left_padded
@@ -173,15 +175,31 @@ def test_lambda_zero_is_the_episode_level_estimator(records, experience_cls, adv
     assert any(not torch.equal(a.advantages, f.advantages) for a, f in zip(baseline, full, strict=True))
 
 
-@pytest.mark.parametrize("estimator", ["grpo", "gigpo", "rloo"])
+@pytest.mark.parametrize("estimator", ["grpo", "gigpo", "rloo", "didpo"])
 def test_estimator_switch(records, experience_cls, estimator):
     settings = CreditSettings(estimator=estimator)
     expected, _ = _expected(records, settings)
-    didpo_expected, _ = _expected(records, CreditSettings())
+    default_expected, _ = _expected(records, CreditSettings())
     experiences = _right_padded(records, experience_cls, micro=4)
     didpo_advantages(experiences, settings)
     _check_aligned(experiences, records, expected)
-    assert any(not np.allclose(expected[r], didpo_expected[r]) for r in expected)
+    assert any(not np.allclose(expected[r], default_expected[r]) for r in expected)
+
+
+def test_default_estimator_reads_each_steps_visible_outcome_online(records, experience_cls):
+    """didpo_did (the default) models the visible pass fraction after every step; the step records that travel
+    with OpenRLHF rows carry it, so online credit is the offline one, not the final-return fallback."""
+    settings = CreditSettings()
+    assert settings.estimator == "didpo_did"
+    expected, _ = _expected(records, settings)
+    fallback, _ = _expected(records, settings.model_copy(update={"did_outcome": "return"}))
+    assert any(not np.allclose(expected[r], fallback[r]) for r in expected)
+    # what an online episode hands over: its steps row's STEP_FIELDS, plus the sequence the trainer needs
+    sequence = ("prompt_token_ids", "response_token_ids", "behavior_logprobs")
+    travelled = [{**step_record(r), **{k: r[k] for k in sequence}} for r in records]
+    experiences = _right_padded(travelled, experience_cls, micro=4)
+    didpo_advantages(experiences, settings)
+    _check_aligned(experiences, records, expected)
 
 
 def test_row_cut_by_max_len_keeps_its_first_tokens(records, experience_cls):

@@ -35,7 +35,7 @@ def test_one_round_runs_every_stage_and_resumes(tmp_path, tiny_policy):
     cfg = _config(tmp_path / "runs", tiny_policy)
     console = Console(record=True, width=200)
     rows = run_rounds(cfg, 1, console=console)
-    assert len(rows) == 1 and rows[0].round == 0 and rows[0].estimator == "didpo"
+    assert len(rows) == 1 and rows[0].round == 0 and rows[0].estimator == "didpo_did"
     run_dir = tmp_path / "runs" / "local"
     # the SFT start's held-out check sits beside the rounds' in the closing table, which says what is held out
     baseline = json.loads((run_dir / "sft_heldout.json").read_text())

@@ -12,6 +12,9 @@ from pydantic import ValidationError
 from pipeline.credit import CreditInputError, CreditSettings, compute_credit, register_estimator
 from pipeline.credit_io import result_columns
 
+DIDPO = CreditSettings(estimator="didpo")  # the anchor path (sub-diffs, anchors, A^D); didpo_did: ESTIMATORS
+ESTIMATORS = [DIDPO, CreditSettings(estimator="didpo_did")]
+
 
 def _task(make_step, files_after_by_rollout, rewards, files_before=None, tokenizer=None):
     files_before = files_before or {"a.py": "x = 1\n"}
@@ -23,15 +26,16 @@ def _task(make_step, files_after_by_rollout, rewards, files_before=None, tokeniz
     return steps
 
 
-def test_empty_and_whitespace_only_diffs_get_episode_credit_only(make_step):
+@pytest.mark.parametrize("settings", ESTIMATORS, ids=lambda s: s.estimator)
+def test_empty_and_whitespace_only_diffs_get_episode_credit_only(make_step, settings):
     steps = _task(
         make_step, ["x = 1\n", "x = 1\n\n\n   \n", "x = 1   \n", "x = 1\n# note\n"], [1.0, 0.0, 1.0, 0.0]
     )
-    result = compute_credit(steps)
+    result = compute_credit(steps, settings)
     assert result.diagnostics.n_candidates == 0 and result.diagnostics.n_anchors == 0
     for step, row in zip(steps, result.advantages, strict=True):
         np.testing.assert_array_equal(result.token_advantages(step.row_id), row.episode_advantage)
-    assert result.diagnostics.coverage == 0.0
+    assert result.diagnostics.coverage == 0.0 and result.diagnostics.line_coverage == 0.0
 
 
 def test_no_steps_at_all():
@@ -39,20 +43,25 @@ def test_no_steps_at_all():
     assert result.advantages == [] and result.diagnostics.n_rows == 0
 
 
-def test_surrogates_from_non_utf8_bytes(make_step):
+@pytest.mark.parametrize("settings", ESTIMATORS, ids=lambda s: s.estimator)
+def test_surrogates_from_non_utf8_bytes(make_step, settings):
     broken = b"def f():\n    return '\xff\xfe'\n".decode("utf-8", "surrogateescape")
     steps = _task(make_step, [broken, broken, "def f():\n    return 1\n", broken], [1.0, 0.0, 1.0, 0.5])
     steps = [replace(s, response_text=s.response_text + "\udcff") for s in steps]
-    result = compute_credit(steps)
-    assert result.diagnostics.n_anchors >= 1
+    result = compute_credit(steps, settings)
+    if settings.estimator == "didpo":
+        assert result.diagnostics.n_anchors >= 1
+    else:
+        assert result.diagnostics.line_coverage > 0
     assert all(math.isfinite(v) for row in result.advantages for v in row.token_advantages)
 
 
-def test_huge_rewrite_is_capped_with_a_defined_result(make_step, fast_tokenizer):
+@pytest.mark.parametrize("settings", ESTIMATORS, ids=lambda s: s.estimator)
+def test_huge_rewrite_is_capped_with_a_defined_result(make_step, settings, fast_tokenizer):
     big_before = "".join(f"value_{i} = {i}\n" for i in range(100_000))
     big_after = "".join(f"value_{i} = {i + 1}\n" for i in range(100_000))
     steps = _task(make_step, [big_after, big_after], [1.0, 0.0], {"a.py": big_before}, fast_tokenizer)
-    result = compute_credit(steps)
+    result = compute_credit(steps, settings)
     assert result.diagnostics.caps == {"regions_over_cap": 2}
     assert result.diagnostics.n_candidates == 0
     np.testing.assert_array_equal(result.token_advantages("r0"), 0.5)
@@ -63,7 +72,7 @@ def test_two_line_change_in_a_huge_rewrite_is_a_two_line_diff(make_step, fast_to
     after = list(lines)
     after[50_000], after[50_002] = "value_50000 = -1\n", "value_50002 = -1\n"
     steps = _task(make_step, ["".join(after)] * 3, [1.0, 0.0, 0.0], {"a.py": "".join(lines)}, fast_tokenizer)
-    result = compute_credit(steps, CreditSettings(window_sizes=()))
+    result = compute_credit(steps, CreditSettings(estimator="didpo", window_sizes=()))
     sub = result_columns(result, "subdiffs")
     rows0 = [i for i, r in enumerate(sub["row_id"]) if r == "r0"]
     # Two replaced lines: each is one deleted and one added line; the 99,998 unchanged lines are no diff.
@@ -86,7 +95,7 @@ def test_two_line_change_in_a_huge_rewrite_is_a_two_line_diff(make_step, fast_to
 
 def test_one_rollout_task_has_no_anchors(make_step):
     steps = _task(make_step, ["def f():\n    return 2\n"], [1.0])
-    result = compute_credit(steps)
+    result = compute_credit(steps, DIDPO)
     assert result.diagnostics.n_anchors == 0
     assert result.diagnostics.n_candidates > 0 and result.diagnostics.singleton_rate == 1.0
     np.testing.assert_array_equal(result.token_advantages("r0"), 0.0)
@@ -127,7 +136,7 @@ def test_settings_refuse_impossible_values():
         CreditSettings(gs_form="cubic")
     with pytest.raises(ValidationError, match="window sizes"):
         CreditSettings(window_sizes=(0, 2))
-    assert CreditSettings().estimator == "didpo" and CreditSettings().eta == 0.8
+    assert CreditSettings().estimator == "didpo_did" and CreditSettings().eta == 0.8
 
 
 def test_registry_refuses_duplicate_names():

@@ -68,10 +68,11 @@ def _app():
 
 def test_command_writes_the_four_tables_matching_the_library(tmp_path, steps_dir, same_function_batch):
     out = tmp_path / "credit"
-    run = CliRunner().invoke(_app(), ["credit", "--steps", str(steps_dir), "--out", str(out), "--set", "credit.lam=0.5"])
+    run = CliRunner().invoke(_app(), ["credit", "--steps", str(steps_dir), "--out", str(out), "--set", "credit.lam=0.5",
+                                      "--set", "credit.estimator=didpo"])
     assert run.exit_code == 0, run.output
     advantages = read_table(out / "advantages", "advantages").to_pylist()
-    expected = compute_credit(same_function_batch, CreditSettings(lam=0.5))
+    expected = compute_credit(same_function_batch, CreditSettings(estimator="didpo", lam=0.5))
     assert [a["row_id"] for a in advantages] == [a.step.row_id for a in expected.advantages]
     for got, want in zip(advantages, expected.advantages, strict=True):
         np.testing.assert_allclose(got["token_advantages"], want.token_advantages, rtol=1e-6)

@@ -231,7 +231,7 @@ def test_the_golden_batch_exercises_the_units():
     """The batch reaches what the tables hold: anchors in two tasks, a dropped repeat, a partial loss mask,
     empty tokens, several turns."""
     steps = golden_batch()
-    result = assign_advantages(credit_units(steps, CreditSettings(gamma=0.9)), CreditSettings(gamma=0.9))
+    result = assign_advantages(credit_units(steps, CreditSettings(estimator="didpo", gamma=0.9)), CreditSettings(estimator="didpo", gamma=0.9))
     tables = result_tables(result)
     assert len({a["task_id"] for a in tables["anchors"].to_pylist()}) >= 2
     assert result.diagnostics.n_repeated_hunks >= 1

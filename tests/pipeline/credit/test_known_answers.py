@@ -26,7 +26,7 @@ def _function_token_mask(step, FUNCTION) -> np.ndarray:
 
 
 def test_same_function_four_rollouts(same_function_batch, function_src):
-    result = compute_credit(same_function_batch, CreditSettings(lam=1.0, adv_norm="mean_norm"))
+    result = compute_credit(same_function_batch, CreditSettings(estimator="didpo", lam=1.0, adv_norm="mean_norm"))
     assert result.diagnostics.n_anchors == 1
     for step, sign in zip(same_function_batch, [1, 1, -1, -1], strict=True):
         adv = result.token_advantages(step.row_id)
@@ -37,7 +37,7 @@ def test_same_function_four_rollouts(same_function_batch, function_src):
 
 
 def test_lambda_scales_only_the_diff_term(same_function_batch, function_src):
-    result = compute_credit(same_function_batch, CreditSettings(lam=0.5))
+    result = compute_credit(same_function_batch, CreditSettings(estimator="didpo", lam=0.5))
     adv = result.token_advantages("r2")
     in_function = _function_token_mask(same_function_batch[2], function_src)
     np.testing.assert_allclose(adv[in_function], -0.75)
@@ -134,7 +134,7 @@ def test_diff_advantage_uses_return_to_go_of_the_row(make_step):
         steps.append(
             build_step(f"{traj}1", traj, "demo/E", 1, final, base, [("replace", "m.py", fix_old, fix_new)])[0]
         )
-    result = compute_credit(steps, CreditSettings(gamma=1.0, window_sizes=()))
+    result = compute_credit(steps, CreditSettings(estimator="didpo", gamma=1.0, window_sizes=()))
     members = result_columns(result, "anchor_members")
     values = dict(zip(members["row_id"], members["diff_advantage"], strict=True))
     assert values == {"p1": pytest.approx(0.5), "q1": pytest.approx(-0.5)}

@@ -97,10 +97,12 @@ def _with_offsets(step, starts, ends, mask=None):
     return replace(step, token_char_starts=starts, token_char_ends=ends, loss_mask=mask)
 
 
+@pytest.mark.parametrize("estimator", ["didpo", "didpo_did"])
 @pytest.mark.parametrize("pad_left,pad_right", [(0, 0), (5, 0), (0, 7), (3, 4)])
-def test_padded_offsets_give_the_same_token_values(same_function_batch, pad_left, pad_right):
+def test_padded_offsets_give_the_same_token_values(same_function_batch, pad_left, pad_right, estimator):
     """Offsets of a padded encoding (pad tokens cover no character, mask 0) change nothing but add zeros."""
-    plain = compute_credit(same_function_batch)
+    settings = CreditSettings(estimator=estimator)
+    plain = compute_credit(same_function_batch, settings)
     padded_steps = []
     for step in same_function_batch:
         n = step.n_tokens
@@ -108,7 +110,7 @@ def test_padded_offsets_give_the_same_token_values(same_function_batch, pad_left
         ends = np.concatenate([np.zeros(pad_left), step.token_char_ends, np.zeros(pad_right)]).astype(int)
         mask = np.concatenate([np.zeros(pad_left), np.ones(n), np.zeros(pad_right)])
         padded_steps.append(_with_offsets(step, starts, ends, mask))
-    padded = compute_credit(padded_steps)
+    padded = compute_credit(padded_steps, settings)
     for step in same_function_batch:
         got = padded.token_advantages(step.row_id)
         assert np.all(got[:pad_left] == 0.0) and np.all(got[len(got) - pad_right :] == 0.0)
@@ -117,12 +119,14 @@ def test_padded_offsets_give_the_same_token_values(same_function_batch, pad_left
         )
 
 
-def test_truncated_response_keeps_exact_tokens(same_function_batch):
+@pytest.mark.parametrize("estimator", ["didpo", "didpo_did"])
+def test_truncated_response_keeps_exact_tokens(same_function_batch, estimator):
     """A response cut after k tokens: the first k token values are those of the full response."""
-    full = compute_credit(same_function_batch)
+    settings = CreditSettings(estimator=estimator)
+    full = compute_credit(same_function_batch, settings)
     k = 60
     cut = [_with_offsets(s, s.token_char_starts[:k], s.token_char_ends[:k]) for s in same_function_batch]
-    truncated = compute_credit(cut)
+    truncated = compute_credit(cut, settings)
     for step in same_function_batch:
         np.testing.assert_array_equal(
             truncated.token_advantages(step.row_id), full.token_advantages(step.row_id)[:k]
@@ -132,7 +136,7 @@ def test_truncated_response_keeps_exact_tokens(same_function_batch):
 @pytest.mark.parametrize("side", ["left", "right"])
 def test_batch_padding_keeps_diff_credit_on_the_changed_tokens(same_function_batch, side, function_src):
     """The diff-level term sits on the function's tokens in a padded [B, T] batch, never on padding."""
-    result = compute_credit(same_function_batch)
+    result = compute_credit(same_function_batch, CreditSettings(estimator="didpo"))
     rows = [result.token_advantages(s.row_id) for s in same_function_batch]
     episode = [a.episode_advantage for a in result.advantages]
     values, mask = pad_token_batch(rows, side=side, length=max(len(r) for r in rows) + 9)

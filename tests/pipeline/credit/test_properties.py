@@ -92,7 +92,7 @@ COMMON = settings(max_examples=25, deadline=None, suppress_health_check=[HealthC
 @given(plan=batches())
 def test_invariants(plan, make_step):
     steps = build(plan, make_step)
-    result = compute_credit(steps, CreditSettings(gamma=0.9))
+    result = compute_credit(steps, CreditSettings(estimator="didpo", gamma=0.9))
     adv = result_columns(result, "advantages")
     # A^E sums to zero over the trajectories of each task group (one value per trajectory).
     per_traj = {}
@@ -139,13 +139,15 @@ def test_invariants(plan, make_step):
         assert np.all(diff_term[outside] == 0.0)
 
 
+@pytest.mark.parametrize("estimator", ["didpo", "didpo_did"])
 @COMMON
 @given(plan=batches(), seed=st.randoms(use_true_random=False))
-def test_rollout_order_does_not_matter(plan, seed, make_step):
+def test_rollout_order_does_not_matter(plan, seed, make_step, estimator):
     steps = build(plan, make_step)
     shuffled = list(steps)
     seed.shuffle(shuffled)
-    a, b = compute_credit(steps), compute_credit(shuffled)
+    settings = CreditSettings(estimator=estimator)
+    a, b = compute_credit(steps, settings), compute_credit(shuffled, settings)
     for table in ("anchors", "anchor_members"):
         assert result_columns(a, table) == result_columns(b, table)
     for row in a.advantages:

@@ -6,7 +6,7 @@ from collections import Counter
 
 import numpy as np
 
-from pipeline.credit import compute_credit
+from pipeline.credit import CreditSettings, compute_credit
 from pipeline.credit.anchors import Cluster, cut_overlaps, facility_location
 from pipeline.credit.batch import cyclic_gc_paused
 from pipeline.credit.diffs import line_opcodes, whole_diff
@@ -54,7 +54,7 @@ def test_exact_repeat_in_a_trajectory_carries_no_new_credit(make_step):
     s0, after0 = make_step("a0", "a", "demo/0", 0, 0.0, {"a.py": BASE}, [fix])
     s1, after1 = make_step("a1", "a", "demo/0", 1, 0.0, after0, [undo])
     s2, _ = make_step("a2", "a", "demo/0", 2, 1.0, after1, [fix])
-    result = compute_credit([s0, s1, s2])
+    result = compute_credit([s0, s1, s2], CreditSettings(estimator="didpo"))
     assert result.diagnostics.n_repeated_hunks == 1
     rows = result_columns(result, "subdiffs")["row_id"]
     assert "a2" not in rows and "a0" in rows
@@ -111,7 +111,7 @@ def test_facility_location_prefers_the_covering_anchor_and_cut_removes_overlaps(
 
 
 def test_subdiff_token_ranges_match_their_characters(same_function_batch):
-    result = compute_credit(same_function_batch)
+    result = compute_credit(same_function_batch, CreditSettings(estimator="didpo"))  # didpo reads sub-diffs
     sub = result_columns(result, "subdiffs")
     steps = {s.row_id: s for s in same_function_batch}
     checked = 0
