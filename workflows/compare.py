@@ -83,6 +83,13 @@ def _run_arm_alone(config: str | None, overrides: Sequence[str], rounds: int) ->
     return _run_arm(config, overrides, rounds)
 
 
+def arm_pool(jobs: int) -> ProcessPoolExecutor:
+    """`jobs` arms at a time, each in a fresh spawned process: a worker reused for a second arm would keep the
+    first arm's process group (its world of one) while `_run_arm_alone` drops the rendezvous it was built
+    from, and the second arm's update could not start."""
+    return ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn"), max_tasks_per_child=1)
+
+
 def run_compare(config: str | None, overrides: Sequence[str], estimators: Sequence[str], seeds: Sequence[int],
                 rounds: int, compare_id: str, jobs: int = 1, console: Console | None = None) -> list[dict]:
     """Every arm (estimator x seed) from one shared cold start; returns one dict per arm and round."""
@@ -116,7 +123,7 @@ def run_compare(config: str | None, overrides: Sequence[str], estimators: Sequen
                   f"{rounds} round(s) each, {jobs} at a time -> {compare_dir}")
     jobs_args = [(config, [*overrides, *arm_overrides(a, compare_dir, start)], rounds) for a in arms]
     if jobs > 1:
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
+        with arm_pool(jobs) as pool:
             futures = [pool.submit(_run_arm_alone, *a) for a in jobs_args]
             try:
                 results = [f.result() for f in futures]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import pyarrow.csv as pacsv
 import pytest
@@ -11,7 +12,7 @@ from rich.console import Console
 
 from pipeline.run import policy_version
 from pipeline.schema import read_table
-from workflows.compare import METRICS, run_compare, summarize, summary_html, write_report
+from workflows.compare import METRICS, arm_pool, run_compare, summarize, summary_html, write_report
 
 
 def _row(est, seed, k, **values):
@@ -39,6 +40,14 @@ def test_unknown_estimator_is_refused_before_any_work(tmp_path):
     with pytest.raises(ValueError, match="unknown estimator"):
         run_compare(None, [f"run.root={tmp_path}"], ["didpo", "nope"], [0], 1, "cmp", console=Console(quiet=True))
     assert not (tmp_path / "cmp").exists()
+
+
+def test_each_arm_runs_in_a_process_of_its_own():
+    """Three arms, two at a time: no worker is reused (a reused one kept the previous arm's process group, and
+    the third arm's update failed for want of a rendezvous)."""
+    with arm_pool(2) as pool:
+        pids = [f.result() for f in [pool.submit(os.getpid) for _ in range(3)]]
+    assert len(set(pids)) == 3 and os.getpid() not in pids
 
 
 @pytest.mark.slow
