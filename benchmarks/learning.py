@@ -133,10 +133,17 @@ def main() -> None:
                            jobs=args.jobs, console=Console())
     held = describe_held_out(resolve_tasks(cfg.tasks)[1][: cfg.eval.max_tasks])
     start = json.loads((compare_dir / SFT_HELDOUT).read_text())["metrics"]
-    report(rows, start["pass_rate"], held, sft_invalid=start.get("invalid_rate", float("nan")))
+    train = resolve_tasks(cfg.tasks)[0]
+    rounds_see = (f"the rounds' own tasks (the same {len(train)} every round: trained on, in-distribution)"
+                  if cfg.tasks.per_round is None else
+                  f"each round's own batch ({cfg.tasks.per_round} tasks drawn afresh each round from {len(train)} "
+                  "training tasks: new to the updates until an epoch ends, seen by the SFT; in-distribution; "
+                  "rounds differ in tasks, arms of a seed share them)")
+    report(rows, start["pass_rate"], held, sft_invalid=start.get("invalid_rate", float("nan")), rounds_see=rounds_see)
 
 
-def report(rows: list[dict], sft: float, held: str, sft_invalid: float = float("nan")) -> None:
+def report(rows: list[dict], sft: float, held: str, sft_invalid: float = float("nan"),
+           rounds_see: str = "the rounds' own tasks (trained on, in-distribution)") -> None:
     """The comparison's tables; rounds and seeds are read from the rows (a partial comparison included)."""
     seeds, rounds = sorted({r["seed"] for r in rows}), max(r["round"] for r in rows) + 1
     finals = final_rates(rows)
@@ -160,7 +167,7 @@ def report(rows: list[dict], sft: float, held: str, sft_invalid: float = float("
     gains = own_task_gains(rows)
     own = by_round(rows, "rollout_pass_rate")
     gains_vs_control = paired_with(gains, CONTROL)
-    print(f"the rounds' own tasks (trained on, in-distribution): rollout pass rate in round 0 and round "
+    print(f"{rounds_see}: rollout pass rate in round 0 and round "
           f"{rounds - 1} (after {rounds - 1} update(s)), the gain, and the gain vs the control seed by seed:")
     for name, values in gains.items():
         if not values:

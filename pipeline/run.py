@@ -198,6 +198,7 @@ def build_credit_pipeline(options: PipelineOptions, cfg: PipelineConfig, round_p
 class RoundResult:
     round_dir: Location
     manifest: schema.Manifest
+    tasks: list[Task]  # the tasks this round rolled out (tasks.per_round's batch of the pool, or all of it)
     stage_seconds: dict[str, float] = field(default_factory=dict)  # stages run by this call
     skipped: list[str] = field(default_factory=list)  # stages already complete
 
@@ -281,7 +282,11 @@ def _count(round_path: Location, table: str) -> int:
 
 def run_round(cfg: PipelineConfig, round_k: int, checkpoint: str | Path, tasks: Sequence[Task], *,
               beam_args: Sequence[str] = (), stop_after: str | None = None) -> RoundResult:
-    """Run (or resume) one round's pipeline stages; `stop_after` ends early after a stage (tests, debugging)."""
+    """Run (or resume) one round's pipeline stages on its share of the training pool `tasks` (round_tasks);
+    `stop_after` ends early after a stage (tests, debugging)."""
+    from pipeline.tasks.settings import round_tasks
+
+    tasks = round_tasks(tasks, round_k, cfg.tasks.per_round, cfg.run.seed)
     round_path = schema.round_dir(cfg.run.root, cfg.run.run_id, round_k)
     storage.makedirs(round_path)
     checkpoint = storage.local_copy(checkpoint)  # a policy under an object-store root: loaders read local files
@@ -290,7 +295,7 @@ def run_round(cfg: PipelineConfig, round_k: int, checkpoint: str | Path, tasks: 
     inputs, chash = stage_inputs(cfg, version=version, tasks=tasks), config_hash(cfg)
     for stage in STAGES:  # all before any work: a refused resume touches nothing
         check_stage(manifest, round_path, stage, inputs[stage], chash)
-    result = RoundResult(round_path, manifest)
+    result = RoundResult(round_path, manifest, tasks)
     options = beam_options(cfg.pipeline, beam_args)
     for stage in STAGES:
         if manifest.stage_done(stage):

@@ -87,7 +87,7 @@ def run_rounds(cfg: DidpoConfig, rounds: int | None = None, console: Console | N
         console.rule(f"round {k}")
         result = run_round(cfg, k, policy, train_tasks)
         manifest, round_dir = result.manifest, result.round_dir
-        inputs, chash = stage_inputs(cfg, version=policy_version(policy), tasks=train_tasks,
+        inputs, chash = stage_inputs(cfg, version=policy_version(policy), tasks=result.tasks,
                                      eval_tasks=eval_tasks), config_hash(cfg)
         check_stage(manifest, round_dir, "train", inputs["train"], chash)
         summary = round_summary(round_dir)

@@ -11,11 +11,17 @@
 
 `resolve_tasks(settings)` loads both sides and refuses a training pool that shares a problem with the
 evaluation set (`check_disjoint`), so evaluation ids never leak into training.
+
+`per_round: N` makes the training side a pool that the rounds walk through as a data loader walks a dataset:
+round k rolls out the k-th batch of N tasks of a seeded shuffle, a new shuffle each epoch (`round_tasks`).
+Without it every round rolls out the whole training side.
 """
 
 from __future__ import annotations
 
+import random
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -98,6 +104,8 @@ class TasksSettings(BaseModel):
 
     train: tuple[TaskSourceSpec, ...] = Field(default_factory=_default_train, min_length=1)
     eval: tuple[TaskSourceSpec, ...] = Field(default_factory=_default_eval)
+    per_round: int | None = Field(default=None, ge=1)  # tasks a round rolls out, drawn from the training side
+    #                                                     (round_tasks); None: the whole training side each round
 
     @model_validator(mode="after")
     def _no_spec_on_both_sides(self) -> TasksSettings:
@@ -122,4 +130,23 @@ def resolve_tasks(settings: TasksSettings) -> tuple[list[Task], list[Task]]:
         sides.append(tasks)
     train, evaluation = sides
     check_disjoint(train, evaluation)
+    if settings.per_round is not None and settings.per_round > len(train):
+        raise ValueError(f"tasks.per_round {settings.per_round} exceeds the {len(train)} training task(s) it draws "
+                         "from")
     return train, evaluation
+
+
+def round_tasks(pool: Sequence[Task], round_k: int, per_round: int | None, seed: int) -> list[Task]:
+    """Round k's tasks: the whole pool when per_round is None; else batch k of per_round tasks, where each
+    epoch is a fresh seeded permutation of the pool cut into len(pool) // per_round batches (the remainder
+    waits for a later epoch, as a data loader's drop_last), so no task repeats within an epoch and every task
+    comes round once per epoch, in a new company. Pure: the same (pool, k, per_round, seed), the same tasks."""
+    if per_round is None:
+        return list(pool)
+    if not 1 <= per_round <= len(pool):
+        raise ValueError(f"tasks.per_round {per_round} must be between 1 and the {len(pool)} training task(s)")
+    batches = len(pool) // per_round
+    epoch, batch = divmod(round_k, batches)
+    order = list(range(len(pool)))
+    random.Random(f"round-tasks:{seed}:{epoch}").shuffle(order)  # a str seed: stable across processes
+    return [pool[i] for i in order[batch * per_round:(batch + 1) * per_round]]

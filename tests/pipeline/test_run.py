@@ -194,3 +194,18 @@ def test_a_restarted_stage_clears_its_own_outputs_and_dead_letters_only(tmp_path
     assert [p.name for p in schema.part_files(folder)] == ["part-rollouts-00000.parquet"]
     assert schema.table_dir(tmp_path, "steps").is_dir() and not schema.table_dir(tmp_path, "advantages").exists()
     assert STAGE["credit"].outputs[-1] == "dead_letter" and STAGE["train"].outputs == ()
+
+
+def test_a_round_rolls_out_its_per_round_batch_of_the_pool(tmp_path, tiny_policy, tasks):
+    from pipeline.tasks.settings import round_tasks
+
+    cfg = _config(tmp_path, **{"tasks.per_round": 1, "pipeline.samples_per_task": 2})
+    ids = []
+    for k in (0, 1):
+        res = run_round(cfg, k, tiny_policy, tasks, stop_after="rollouts")
+        trajs = schema.read_table(schema.table_dir(res.round_dir, "trajectories"), "trajectories").to_pylist()
+        ids.append({t["task_id"] for t in trajs})
+        assert [t.task_id for t in res.tasks] == [t.task_id for t in round_tasks(tasks, k, 1, cfg.run.seed)]
+        assert ids[-1] == {res.tasks[0].task_id}
+    assert ids[0] != ids[1]  # the next round, the next batch
+    assert run_round(cfg, 1, tiny_policy, tasks, stop_after="rollouts").skipped == ["rollouts"]  # resumes

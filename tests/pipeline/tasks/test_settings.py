@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from pipeline.tasks.settings import TaskSourceSpec, TasksSettings, resolve_tasks
+from pipeline.tasks.settings import TaskSourceSpec, TasksSettings, resolve_tasks, round_tasks
 
 
 def test_defaults_train_on_mbpp_and_exercism_and_evaluate_on_humanevalfix():
@@ -109,3 +109,24 @@ def test_resolve_tasks_refuses_a_task_selected_twice_on_one_side(tmp_path, jsonl
     )
     with pytest.raises(ValueError, match="tasks.train selects 1 task\\(s\\) twice: humaneval/HumanEval/1"):
         resolve_tasks(settings)
+
+
+def test_round_tasks_walk_the_pool_like_a_data_loader():
+    pool = [f"t{i}" for i in range(10)]
+    assert round_tasks(pool, 3, None, 0) == pool  # no per_round: the whole pool, every round
+    epoch0 = [round_tasks(pool, k, 3, seed=0) for k in range(3)]  # 10 // 3 = 3 batches an epoch
+    assert all(len(b) == 3 for b in epoch0)
+    assert len({t for b in epoch0 for t in b}) == 9  # no task twice within an epoch
+    assert epoch0 == [round_tasks(pool, k, 3, seed=0) for k in range(3)]  # pure
+    epoch1 = [round_tasks(pool, k, 3, seed=0) for k in range(3, 6)]
+    assert len({t for b in epoch1 for t in b}) == 9 and epoch1 != epoch0  # a new shuffle each epoch
+    assert [round_tasks(pool, k, 3, seed=1) for k in range(3)] != epoch0  # the seed decides the order
+
+
+def test_per_round_larger_than_the_training_side_is_refused(tmp_path, jsonl, he_row):
+    path = jsonl(tmp_path / "he.jsonl", [he_row(n) for n in range(3)])
+    settings = TasksSettings(train=[TaskSourceSpec(source="humaneval", path=path)], eval=[], per_round=4)
+    with pytest.raises(ValueError, match="tasks.per_round 4 exceeds the 3 training task"):
+        resolve_tasks(settings)
+    with pytest.raises(ValidationError, match="per_round"):
+        TasksSettings(per_round=0)
