@@ -131,9 +131,9 @@ def main() -> None:
         torch.set_num_threads(1)
         rows = run_compare(args.config, args.overrides, args.estimators.split(","), seeds, rounds, compare_id,
                            jobs=args.jobs, console=Console())
-    held = describe_held_out(resolve_tasks(cfg.tasks)[1][: cfg.eval.max_tasks])
+    train, held_out = resolve_tasks(cfg.tasks)
+    held = describe_held_out(held_out[: cfg.eval.max_tasks])
     start = json.loads((compare_dir / SFT_HELDOUT).read_text())["metrics"]
-    train = resolve_tasks(cfg.tasks)[0]
     rounds_see = (f"the rounds' own tasks (the same {len(train)} every round: trained on, in-distribution)"
                   if cfg.tasks.per_round is None else
                   f"each round's own batch ({cfg.tasks.per_round} tasks drawn afresh each round from {len(train)} "

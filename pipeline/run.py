@@ -35,6 +35,7 @@ from pipeline.policy.settings import PolicySettings
 from pipeline.schema import RoundConflict
 from pipeline.storage import Location
 from pipeline.tasks.base import Task
+from pipeline.tasks.settings import round_tasks
 from pipeline.telemetry import get_logger
 from pipeline.transforms.credit import DEAD, OUTPUTS, Credit
 from pipeline.transforms.rollouts import Rollouts
@@ -284,8 +285,6 @@ def run_round(cfg: PipelineConfig, round_k: int, checkpoint: str | Path, tasks: 
               beam_args: Sequence[str] = (), stop_after: str | None = None) -> RoundResult:
     """Run (or resume) one round's pipeline stages on its share of the training pool `tasks` (round_tasks);
     `stop_after` ends early after a stage (tests, debugging)."""
-    from pipeline.tasks.settings import round_tasks
-
     tasks = round_tasks(tasks, round_k, cfg.tasks.per_round, cfg.run.seed)
     round_path = schema.round_dir(cfg.run.root, cfg.run.run_id, round_k)
     storage.makedirs(round_path)
