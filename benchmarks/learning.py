@@ -5,7 +5,8 @@ tell a deliberately broken one from the real ones?
 out: unseen programs) with the arms grpo, gigpo, didpo, didpo_did and the control `didpo_flipped` (DiDPO
 with every anchor's advantage reversed), several seeds, several rounds, one shared SFT start. It prints, per
 arm, the held-out pass rate after every round (mean over seeds with a 95% t interval over seeds), the last
-round's difference from the SFT start and from the control seed by seed, the same for the rollout pass rate
+round's difference from the SFT start and from the control seed by seed, the same for the average over every
+round (so that one round's luck cannot decide), the same for the rollout pass rate
 on the rounds' own tasks (trained on: in-distribution, labelled so), then the line
 
     learning: sft=<rate> final_didpo=<rate> final_grpo=<rate> final_did=<rate> control=<rate> seeds=<n>
@@ -66,6 +67,17 @@ def own_task_gains(rows: list[dict]) -> dict[str, dict[int, float]]:
     curves = by_round(rows, "rollout_pass_rate")
     return {est: {s: c[last][s] - c[0][s] for s in sorted(c.get(0, {}).keys() & c.get(last, {}).keys())}
             for est, c in curves.items()}
+
+
+def curve_means(rows: list[dict], metric: str, first: int = 0) -> dict[str, dict[int, float]]:
+    """Per estimator and seed: metric averaged over rounds `first`..last, for the seeds that have every one of
+    them. Every round's measurement counts, so one lucky or unlucky last round cannot decide a comparison."""
+    last = max(r["round"] for r in rows)
+    out = {}
+    for est, curve in by_round(rows, metric).items():
+        seeds = set.intersection(*(set(curve.get(k, {})) for k in range(first, last + 1)))
+        out[est] = {s: statistics.fmean(curve[k][s] for k in range(first, last + 1)) for s in sorted(seeds)}
+    return out
 
 
 def paired_with(values: dict[str, dict[int, float]], control: str) -> dict[str, list[float]]:
@@ -160,6 +172,15 @@ def report(rows: list[dict], sft: float, held: str, sft_invalid: float = float("
         ctl = f"   vs control {fmt_interval(vs_control[name], True)}" if vs_control.get(name) else ""
         print(f"  {name:<14} {fmt_interval(values)}   vs SFT {fmt_interval([v - sft for v in values], True)}"
               f"{ctl}{tag}")
+    means = curve_means(rows, "heldout_pass_rate")
+    means_vs_control = paired_with(means, CONTROL)
+    print(f"averaged over rounds 0-{rounds - 1} (every held-out evaluation of a seed, not only the last), vs the SFT "
+          "start and vs the control seed by seed:")
+    for name, values in means.items():
+        if values:
+            ctl = f"   vs control {fmt_interval(means_vs_control[name], True)}" if means_vs_control.get(name) else ""
+            print(f"  {name:<14} {fmt_interval(list(values.values()))}   "
+                  f"vs SFT {fmt_interval([v - sft for v in values.values()], True)}{ctl}")
     invalid = by_round(rows, "heldout_invalid_rate")
     print(f"held-out invalid-action rate (malformed or truncated, or a search text not found once in the file) after round {rounds - 1}; "
           f"SFT start {sft_invalid:.3f}:")
@@ -176,6 +197,10 @@ def report(rows: list[dict], sft: float, held: str, sft_invalid: float = float("
         ctl = f"   vs control {fmt_interval(gains_vs_control[name], True)}" if gains_vs_control.get(name) else ""
         print(f"  {name:<14} {statistics.fmean(curve[0].values()):.3f} -> "
               f"{statistics.fmean(curve[max(curve)].values()):.3f}   gain {fmt_interval(list(values.values()), True)}{ctl}")
+    if rounds > 1:  # round 0's rollouts precede every update, so the updated rounds are 1..last
+        updated = paired_with(curve_means(rows, "rollout_pass_rate", first=1), CONTROL)
+        print(f"  rollout pass rate averaged over rounds 1-{rounds - 1}, vs the control seed by seed: "
+              + "   ".join(f"{name} {fmt_interval(v, True)}" for name, v in updated.items() if v))
     print(summary_line(sft, finals, len(seeds)))
 
 

@@ -81,6 +81,9 @@ def run_rounds(cfg: DidpoConfig, rounds: int | None = None, console: Console | N
     policy = resolve_policy(cfg.policy)
     policy_at = cold_start(cfg, policy, eval_tasks, run_dir, console)  # where policy k is (shown, recorded)
     policy = local_copy(policy_at)  # one download per policy
+    # train.kl_coef's frozen reference is the rounds' starting policy for the whole run, as OpenRLHF's and
+    # verl's reference is the initial actor: a reference that moved with every round would let the drift add up
+    reference = policy
     baseline = sft_baseline(cfg, policy, train_tasks, eval_tasks, run_dir) if cfg.sft.enabled else None
     rows = []
     for k in range(rounds):
@@ -96,7 +99,7 @@ def run_rounds(cfg: DidpoConfig, rounds: int | None = None, console: Console | N
         steps = []
         if nothing is None:  # a recorded "nothing to train" is not decided again (the manifest is the record)
             start = time.perf_counter()
-            report = train_round(round_dir, policy, out, cfg.train, reference_checkpoint=policy)
+            report = train_round(round_dir, policy, out, cfg.train, reference_checkpoint=reference)
             nothing, steps = report.nothing_to_train, report.steps
             if not manifest.stage_done("train"):
                 carried = {"nothing_to_train": nothing, "policy": str(policy_at)} if nothing else {}

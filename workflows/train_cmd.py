@@ -27,7 +27,7 @@ def train_cmd(
     config: Path | None = ConfigOpt,
     overrides: list[str] = SetOpt,
     reference: Annotated[str | None, typer.Option(
-        "--reference", help="frozen KL reference (default: --policy, as `didpo round`)")] = None,
+        "--reference", help="frozen KL reference (default: --policy; `didpo round` passes the run's starting policy)")] = None,
     max_steps: Annotated[int | None, typer.Option(
         "--max-steps", min=0, help="stop after this many optimizer steps of this call (resumable)")] = None,
     threads: Annotated[int, typer.Option("--threads", min=1, help="torch CPU threads per process")] = 1,

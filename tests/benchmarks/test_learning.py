@@ -51,3 +51,16 @@ def test_own_task_gains_are_last_round_minus_round_zero_paired_with_the_control_
 def test_a_signed_interval_is_not_clipped_to_a_rate(bench):
     assert bench.fmt_interval([-0.2, -0.1], signed=True).startswith("-0.150 [")
     assert bench.fmt_interval([0.0, 0.1]).startswith("0.050 [0.000,")
+
+
+def test_curve_means_average_every_round_of_a_seed_that_has_them_all(bench):
+    rows = [{"estimator": e, "seed": s, "round": k, "heldout_pass_rate": k / 10 + s / 100 + (0.5 if e == "c" else 0)}
+            for e in ("a", "c") for s in (0, 1) for k in (0, 1, 2, 3)]
+    rows.append({"estimator": "a", "seed": 9, "round": 0, "heldout_pass_rate": 1.0})  # unfinished: left out
+    means = bench.curve_means(rows, "heldout_pass_rate")
+    assert means["a"] == {0: pytest.approx(0.15), 1: pytest.approx(0.16)}  # mean of 0, .1, .2, .3 (+ seed/100)
+    assert bench.curve_means(rows, "heldout_pass_rate", first=2)["a"] == {0: pytest.approx(0.25), 1: pytest.approx(0.26)}
+    # a lucky last round moves the last-round figure by its whole size, the curve's mean by a quarter of it
+    lucky = [dict(r, heldout_pass_rate=r["heldout_pass_rate"] + (0.4 if r["round"] == 3 else 0)) for r in rows]
+    assert bench.curve_means(lucky, "heldout_pass_rate")["a"][0] == pytest.approx(0.25)
+    assert bench.paired_with(means, "c") == {"a": [pytest.approx(-0.5), pytest.approx(-0.5)]}

@@ -76,9 +76,55 @@ def test_one_round_runs_every_stage_and_resumes(tmp_path, tiny_policy):
         run_rounds(faster, 1, console=Console(quiet=True))
 
 
-def test_a_round_with_nothing_to_train_keeps_the_policy_and_resumes(tmp_path, tiny_policy, monkeypatch):
+def _set_advantages(round_dir, value):
+    """Rewrite a round's advantages table: every token of row i gets value(i). Returns the table as it was."""
     import pyarrow as pa
 
+    adv_dir = schema.table_dir(round_dir, "advantages")
+    table = schema.read_table(adv_dir, "advantages")
+    tokens = [[value(i)] * len(a) for i, a in enumerate(table.column("token_advantages").to_pylist())]
+    for part in adv_dir.glob("part-*.parquet"):
+        part.unlink()
+    idx = table.schema.get_field_index("token_advantages")
+    column = pa.array(tokens, pa.list_(pa.float32()))
+    schema.write_table(table.set_column(idx, table.schema.field(idx), column), adv_dir, "advantages")
+    return table
+
+
+def test_the_kl_reference_is_the_runs_starting_policy_in_every_round(tmp_path, tiny_policy, monkeypatch):
+    """As in OpenRLHF and verl, `train.kl_coef` pulls towards the policy the run started from; a reference that
+    moved to each round's start would let the drift add up over rounds."""
+    import pipeline.run
+    import training.trainer
+
+    cfg = load_config(None, [f"run.root={tmp_path / 'runs'}", f"policy.checkpoint={tiny_policy}", "sft.enabled=false",
+                             "train.kl_coef=0.5", *_OVERRIDES])
+    real_run_round, real_train_round = pipeline.run.run_round, training.trainer.train_round
+
+    def run_round(*args, **kwargs):  # the real round, then advantages of both signs so that every round trains
+        result = real_run_round(*args, **kwargs)
+        _set_advantages(result.round_dir, lambda row: 1.0 if row % 2 else -1.0)
+        return result
+
+    calls = []
+
+    def train_round(round_dir, init, out, settings, reference_checkpoint=None, **kwargs):
+        report = real_train_round(round_dir, init, out, settings, reference_checkpoint=reference_checkpoint, **kwargs)
+        calls.append((str(init), str(reference_checkpoint), report.steps[0].ref_kl))
+        return report
+
+    monkeypatch.setattr(pipeline.run, "run_round", run_round)
+    monkeypatch.setattr(training.trainer, "train_round", train_round)
+    rows = run_rounds(cfg, 2, console=Console(quiet=True))
+    assert not any(r.no_update for r in rows)
+    run_dir = tmp_path / "runs" / "local"
+    (init0, ref0, kl0), (init1, ref1, kl1) = calls
+    assert init0 == ref0 == ref1 == str(tiny_policy) and init1 == str(run_dir / "round=0" / "policy")
+    # round 0's first step starts at its reference; round 1 starts where round 0's update left it, away from it
+    assert kl0 == pytest.approx(0.0, abs=1e-6) and kl1 > 1e-5
+
+
+def test_a_round_with_nothing_to_train_keeps_the_policy_and_resumes(tmp_path, tiny_policy, monkeypatch):
     import training.trainer
     from pipeline.run import policy_version, resolve_policy, run_round
     from pipeline.tasks.settings import resolve_tasks
@@ -88,13 +134,7 @@ def test_a_round_with_nothing_to_train_keeps_the_policy_and_resumes(tmp_path, ti
     run_dir = tmp_path / "runs" / "local"
     # round 0's pipeline stages as `didpo round` runs them, then every advantage set to zero
     round0 = run_round(cfg, 0, resolve_policy(cfg.policy), resolve_tasks(cfg.tasks)[0]).round_dir
-    adv_dir = schema.table_dir(round0, "advantages")
-    table = schema.read_table(adv_dir, "advantages")
-    zero = pa.array([[0.0] * len(a) for a in table.column("token_advantages").to_pylist()], pa.list_(pa.float32()))
-    for part in adv_dir.glob("part-*.parquet"):
-        part.unlink()
-    idx = table.schema.get_field_index("token_advantages")
-    schema.write_table(table.set_column(idx, table.schema.field(idx), zero), adv_dir, "advantages")
+    table = _set_advantages(round0, lambda row: 0.0)
 
     trained = []  # the rounds the trainer is called on
     real_train_round = training.trainer.train_round
