@@ -73,6 +73,8 @@ def curve_means(rows: list[dict], metric: str, first: int = 0) -> dict[str, dict
     """Per estimator and seed: metric averaged over rounds `first`..last, for the seeds that have every one of
     them. Every round's measurement counts, so one lucky or unlucky last round cannot decide a comparison."""
     last = max(r["round"] for r in rows)
+    if first > last:
+        raise ValueError(f"curve_means: first round {first} is past the last round {last}")
     out = {}
     for est, curve in by_round(rows, metric).items():
         seeds = set.intersection(*(set(curve.get(k, {})) for k in range(first, last + 1)))
@@ -96,6 +98,15 @@ def fmt_interval(values: list[float], signed: bool = False) -> str:
         lo, hi = max(lo, 0.0), min(hi, 1.0)
     f = "{:+.3f}" if signed else "{:.3f}"
     return f"{f.format(mean)} [{f.format(lo)}, {f.format(hi)}]"
+
+
+def arm_line(name: str, values: list[float], sft: float, vs_control: list[float]) -> str:
+    """One arm's row: its rate over seeds, its gain over the SFT start and, when paired, its gain over the
+    control seed by seed."""
+    ctl = f"   vs control {fmt_interval(vs_control, True)}" if vs_control else ""
+    tag = "  (control: credit reversed)" if name == CONTROL else ""
+    return (f"  {name:<14} {fmt_interval(values)}   vs SFT {fmt_interval([v - sft for v in values], True)}"
+            f"{ctl}{tag}")
 
 
 def summary_line(sft: float, finals: dict[str, list[float]], seeds: int) -> str:
@@ -168,19 +179,14 @@ def report(rows: list[dict], sft: float, held: str, sft_invalid: float = float("
     last = rounds - 1  # an arm not there yet (a partial comparison) is not paired
     vs_control = paired_with({e: c.get(last, {}) for e, c in held_curve.items()}, CONTROL)
     for name, values in finals.items():
-        tag = "  (control: credit reversed)" if name == CONTROL else ""
-        ctl = f"   vs control {fmt_interval(vs_control[name], True)}" if vs_control.get(name) else ""
-        print(f"  {name:<14} {fmt_interval(values)}   vs SFT {fmt_interval([v - sft for v in values], True)}"
-              f"{ctl}{tag}")
+        print(arm_line(name, values, sft, vs_control.get(name, [])))
     means = curve_means(rows, "heldout_pass_rate")
     means_vs_control = paired_with(means, CONTROL)
     print(f"averaged over rounds 0-{rounds - 1} (every held-out evaluation of a seed, not only the last), vs the SFT "
           "start and vs the control seed by seed:")
     for name, values in means.items():
         if values:
-            ctl = f"   vs control {fmt_interval(means_vs_control[name], True)}" if means_vs_control.get(name) else ""
-            print(f"  {name:<14} {fmt_interval(list(values.values()))}   "
-                  f"vs SFT {fmt_interval([v - sft for v in values.values()], True)}{ctl}")
+            print(arm_line(name, list(values.values()), sft, means_vs_control.get(name, [])))
     invalid = by_round(rows, "heldout_invalid_rate")
     print(f"held-out invalid-action rate (malformed or truncated, or a search text not found once in the file) after round {rounds - 1}; "
           f"SFT start {sft_invalid:.3f}:")

@@ -64,3 +64,13 @@ def test_curve_means_average_every_round_of_a_seed_that_has_them_all(bench):
     lucky = [dict(r, heldout_pass_rate=r["heldout_pass_rate"] + (0.4 if r["round"] == 3 else 0)) for r in rows]
     assert bench.curve_means(lucky, "heldout_pass_rate")["a"][0] == pytest.approx(0.25)
     assert bench.paired_with(means, "c") == {"a": [pytest.approx(-0.5), pytest.approx(-0.5)]}
+    with pytest.raises(ValueError, match="first round 4 is past the last round 3"):
+        bench.curve_means(rows, "heldout_pass_rate", first=4)
+
+
+def test_an_arm_line_pairs_with_the_control_only_when_it_has_paired_seeds(bench):
+    line = bench.arm_line("didpo_did", [0.5, 0.6], 0.4, [0.1, 0.1])
+    assert line.startswith("  didpo_did      0.550 [") and "vs SFT +0.150 [" in line
+    assert "vs control +0.100 [+0.100, +0.100]" in line and "control:" not in line
+    assert "vs control" not in bench.arm_line("grpo", [0.5], 0.4, [])
+    assert bench.arm_line("didpo_flipped", [0.4], 0.4, []).endswith("(control: credit reversed)")
