@@ -14,7 +14,7 @@ evaluation set (`check_disjoint`), so evaluation ids never leak into training.
 
 `per_round: N` makes the training side a pool that the rounds walk through as a data loader walks a dataset:
 round k rolls out the k-th batch of N tasks of a seeded shuffle, a new shuffle each epoch (`round_tasks`).
-Without it every round rolls out the whole training side.
+Without it, or with N at least the training side, every round rolls out the whole training side.
 """
 
 from __future__ import annotations
@@ -130,9 +130,6 @@ def resolve_tasks(settings: TasksSettings) -> tuple[list[Task], list[Task]]:
         sides.append(tasks)
     train, evaluation = sides
     check_disjoint(train, evaluation)
-    if settings.per_round is not None and settings.per_round > len(train):
-        raise ValueError(f"tasks.per_round {settings.per_round} exceeds the {len(train)} training task(s) it draws "
-                         "from")
     return train, evaluation
 
 
@@ -140,11 +137,13 @@ def round_tasks(pool: Sequence[Task], round_k: int, per_round: int | None, seed:
     """Round k's tasks: the whole pool when per_round is None; else batch k of per_round tasks, where each
     epoch is a fresh seeded permutation of the pool cut into len(pool) // per_round batches (the remainder
     waits for a later epoch, as a data loader's drop_last), so no task repeats within an epoch and every task
-    comes round once per epoch, in a new company. Pure: the same (pool, k, per_round, seed), the same tasks."""
-    if per_round is None:
+    comes round once per epoch, in a new company. A per_round of the whole pool or more is the whole pool, as a
+    data loader's batch at least its dataset is the dataset (so the default's per_round suits a small task file
+    too). Pure: the same (pool, k, per_round, seed), the same tasks."""
+    if per_round is not None and per_round < 1:
+        raise ValueError(f"tasks.per_round {per_round} must be at least 1")
+    if per_round is None or per_round >= len(pool):
         return list(pool)
-    if not 1 <= per_round <= len(pool):
-        raise ValueError(f"tasks.per_round {per_round} must be between 1 and the {len(pool)} training task(s)")
     batches = len(pool) // per_round
     epoch, batch = divmod(round_k, batches)
     order = list(range(len(pool)))

@@ -123,10 +123,16 @@ def test_round_tasks_walk_the_pool_like_a_data_loader():
     assert [round_tasks(pool, k, 3, seed=1) for k in range(3)] != epoch0  # the seed decides the order
 
 
-def test_per_round_larger_than_the_training_side_is_refused(tmp_path, jsonl, he_row):
+def test_per_round_at_least_the_training_side_rolls_out_the_whole_side_every_round(tmp_path, jsonl, he_row):
+    # as a data loader whose batch is at least its dataset: the default config's per_round suits a small file
     path = jsonl(tmp_path / "he.jsonl", [he_row(n) for n in range(3)])
     settings = TasksSettings(train=[TaskSourceSpec(source="humaneval", path=path)], eval=[], per_round=4)
-    with pytest.raises(ValueError, match="tasks.per_round 4 exceeds the 3 training task"):
-        resolve_tasks(settings)
+    train, _ = resolve_tasks(settings)
+    assert len(train) == 3
+    assert all(round_tasks(train, k, 4, seed=0) == train for k in range(3))
+    assert round_tasks(train, 1, 3, seed=0) == train
+    assert len(round_tasks(train, 1, 2, seed=0)) == 2  # below the pool: a batch
+    with pytest.raises(ValueError, match="tasks.per_round 0 must be at least 1"):
+        round_tasks(train, 0, 0, seed=0)
     with pytest.raises(ValidationError, match="per_round"):
         TasksSettings(per_round=0)
