@@ -138,7 +138,7 @@ def main() -> None:
     import torch
     from rich.console import Console
 
-    from pipeline.tasks.settings import resolve_tasks
+    from pipeline.tasks.settings import resolve_tasks, round_tasks
     from training.config import load_config
     from workflows.compare import run_compare
     from workflows.rounds import SFT_HELDOUT, describe_held_out
@@ -157,9 +157,10 @@ def main() -> None:
     train, held_out = resolve_tasks(cfg.tasks)
     held = describe_held_out(held_out[: cfg.eval.max_tasks])
     start = json.loads((compare_dir / SFT_HELDOUT).read_text())["metrics"]
+    batch = len(round_tasks(train, 0, cfg.tasks.per_round, cfg.run.seed))  # the rounds' one rule for a batch
     rounds_see = (f"the rounds' own tasks (the same {len(train)} every round: trained on, in-distribution)"
-                  if cfg.tasks.per_round is None else
-                  f"each round's own batch ({cfg.tasks.per_round} tasks drawn afresh each round from {len(train)} "
+                  if batch == len(train) else
+                  f"each round's own batch ({batch} tasks drawn afresh each round from {len(train)} "
                   "training tasks: new to the updates until an epoch ends, seen by the SFT; in-distribution; "
                   "rounds differ in tasks, arms of a seed share them)")
     report(rows, start["pass_rate"], held, sft_invalid=start.get("invalid_rate", float("nan")), rounds_see=rounds_see)
