@@ -13,7 +13,8 @@ on the rounds' own tasks (trained on: in-distribution, labelled so), then the li
 
 Resumable: the arms are `didpo round` runs under runs/<--id>/ (a killed run picks up where it stopped);
 `--quick` is 2 seeds x 2 rounds, a first look. `--set` passes config overrides through; `--report`
-prints the report of a comparison already run (its compare.parquet) without running anything.
+prints the report of a comparison already run (its compare.parquet, described by the config.yaml recorded
+beside it, whatever the defaults are today) without running anything.
 Run: `.venv/bin/python benchmarks/learning.py [--quick] [--seeds 0,1,2,3,4 --rounds 4 --jobs 2]`.
 """
 
@@ -140,16 +141,21 @@ def main() -> None:
 
     from pipeline.tasks.settings import resolve_tasks, round_tasks
     from training.config import load_config
-    from workflows.compare import run_compare
+    from workflows.compare import CONFIG, run_compare
     from workflows.rounds import SFT_HELDOUT, describe_held_out
 
     cfg = load_config(args.config, args.overrides)
     compare_dir = Path(cfg.run.root) / compare_id
-    if args.report:  # a finished (or partial) comparison's table, nothing run
+    if args.report:  # a finished comparison's table, nothing run
         table = compare_dir / "compare.parquet"
         if not table.is_file():
             sys.exit(f"no comparison at {compare_dir}: run it first (without --report)")
         rows = pq.read_table(table).to_pylist()
+        if (compare_dir / CONFIG).is_file():  # labelled by the settings that made the table, not today's
+            cfg = load_config(compare_dir / CONFIG)
+        else:
+            print(f"note: {compare_dir} records no {CONFIG} (written before comparisons kept theirs): labelled "
+                  "by the config given here")
     else:
         torch.set_num_threads(1)
         rows = run_compare(args.config, args.overrides, args.estimators.split(","), seeds, rounds, compare_id,

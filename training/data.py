@@ -5,15 +5,18 @@
    response is refused with a DataError naming the row.
 3. Drop rows with no trainable signal, counting them: all-zero masked advantages, and (dynamic filtering)
    rows of task groups whose trajectory rewards are all equal.
-4. Plan micro-batches: sort by total length, pack greedily under a padded-token budget, shuffle the batches
-   with a seeded generator per epoch. The plan is a pure function of (rows, budget, seed, epoch), so a
-   cursor (epoch, batch index) pins the exact next batch after a restart.
+4. Plan micro-batches: sort by total length (ties by content, never by id), pack greedily under a padded-token
+   budget, shuffle the batches with a seeded generator per epoch. The plan is a pure function of (rows'
+   content, budget, seed, epoch): a cursor (epoch, batch index) pins the exact next batch after a restart,
+   and two runs that differ only in their name make the same update from the same rollouts.
 5. Collate: right-pad prompt+response; masks and per-token values live on the (B, T-1) grid of next-token
    predictions, where column j scores token j+1, so prompt and padding columns are zero by construction.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +50,16 @@ class TrainRow:
     def length(self) -> int:
         return len(self.prompt_ids) + len(self.response_ids)
 
+    @functools.cached_property
+    def content_key(self) -> str:
+        """What the row trains on, hashed (task, tokens, advantages, mask, behaviour log-probs), never its ids.
+        The update orders rows by it: row and trajectory ids hash the run's name, so ordering by them made two
+        runs with the same seed and the same rollouts (a compare arm and the demo) make different updates."""
+        h = hashlib.sha256(self.task_id.encode())
+        for values in (self.prompt_ids, self.response_ids, self.advantages, self.loss_mask, self.behavior_logprobs):
+            h.update(len(values).to_bytes(8, "little") + np.ascontiguousarray(values).tobytes())
+        return h.hexdigest()
+
 
 @dataclass
 class DataCounts:
@@ -68,7 +81,7 @@ class DataCounts:
 
 @dataclass(frozen=True)
 class RoundData:
-    rows: tuple[TrainRow, ...]  # kept rows, in row_id order
+    rows: tuple[TrainRow, ...]  # kept rows, in content_key order
     counts: DataCounts = field(default_factory=DataCounts)
 
 
@@ -171,7 +184,7 @@ def load_round(round_dir: str | Path, *, dynamic_filtering: bool = False) -> Rou
             )
         )
     counts.kept = len(rows)
-    return RoundData(rows=tuple(rows), counts=counts)
+    return RoundData(rows=tuple(sorted(rows, key=lambda r: r.content_key)), counts=counts)
 
 
 # ---- planning ---------------------------------------------------------------------------------------------
@@ -308,7 +321,7 @@ class BatchPlan:
         self.epochs = epochs
         self.seed = seed
         self.buckets = pack_by_length(
-            [r.length for r in self.rows], max_tokens_per_batch, [r.row_id for r in self.rows]
+            [r.length for r in self.rows], max_tokens_per_batch, [r.content_key for r in self.rows]
         )
         self._plans = {e: epoch_plan(self.buckets, seed, e) for e in range(epochs)}
 

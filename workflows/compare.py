@@ -6,7 +6,8 @@
    `--jobs N` runs N arms at once in separate processes.
 3. The per-round table of every arm (compare.csv / compare.parquet, one line per arm and round), a summary
    per estimator and round (mean and standard deviation over seeds; compare_summary.csv), a figure
-   (report/compare.png) and the HTML report of the seed-0 arms with the comparison on top.
+   (report/compare.png) and the HTML report of the seed-0 arms with the comparison on top, with the resolved
+   config the arms shared (config.yaml) beside the table.
 Whatever the numbers show is what is reported: the summary never drops a seed or a round.
 """
 
@@ -23,10 +24,12 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
+from pydantic import BaseModel
 from rich.console import Console
 from rich.table import Table
 
 from pipeline import schema
+from pipeline.config import to_yaml
 from pipeline.storage import is_url
 from training.config import load_config
 
@@ -137,7 +140,7 @@ def run_compare(config: str | None, overrides: Sequence[str], estimators: Sequen
             results.append(_run_arm(*args))
     rows = [{"arm": arm.name, "seed": arm.seed, **r} for arm, arm_rows in zip(arms, results, strict=True)
             for r in arm_rows]
-    write_compare(rows, compare_dir)
+    write_compare(rows, compare_dir, base)
     print_summary(summarize(rows), console)
     return rows
 
@@ -158,10 +161,17 @@ def summarize(rows: Sequence[dict]) -> list[dict]:
     return out
 
 
-def write_compare(rows: Sequence[dict], compare_dir: Path) -> None:
-    """compare.parquet / compare.csv (one line per arm and round), compare_summary.csv / .json."""
+CONFIG = "config.yaml"  # the comparison's resolved config, written with its table
+
+
+def write_compare(rows: Sequence[dict], compare_dir: Path, cfg: BaseModel) -> None:
+    """compare.parquet / compare.csv (one line per arm and round), compare_summary.csv / .json, and config.yaml:
+    the resolved config the arms shared (before each arm's estimator and seed), so that the table is read
+    later (`benchmarks/learning.py --report`) with the settings that made it, not with today's defaults."""
     if not rows:
         return
+    text = to_yaml(cfg)
+    schema.atomic_write(compare_dir / CONFIG, lambda tmp: Path(tmp).write_text(text))
     table = pa.Table.from_pylist(list(rows))
     schema.atomic_write(compare_dir / "compare.parquet", lambda tmp: pq.write_table(table, tmp))
     schema.atomic_write(compare_dir / "compare.csv", lambda tmp: pacsv.write_csv(table, tmp))

@@ -74,3 +74,41 @@ def test_an_arm_line_pairs_with_the_control_only_when_it_has_paired_seeds(bench)
     assert "vs control +0.100 [+0.100, +0.100]" in line and "control:" not in line
     assert "vs control" not in bench.arm_line("grpo", [0.5], 0.4, [])
     assert bench.arm_line("didpo_flipped", [0.4], 0.4, []).endswith("(control: credit reversed)")
+
+
+def _finished_comparison(root, recorded: str | None):
+    """runs/cmp as `didpo compare` leaves it: the table, the SFT start's check and (when given) config.yaml."""
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipeline.config import to_yaml
+    from training.config import load_config
+
+    cmp = root / "cmp"
+    cmp.mkdir(parents=True)
+    rows = [{"arm": f"{e}-seed{s}", "estimator": e, "seed": s, "round": k, "heldout_pass_rate": 0.1 * s,
+             "heldout_invalid_rate": 0.0, "rollout_pass_rate": 0.2} for e in ("didpo_did", "didpo_flipped")
+            for s in (0, 1) for k in (0, 1)]
+    pq.write_table(pa.Table.from_pylist(rows), cmp / "compare.parquet")
+    (cmp / "sft_heldout.json").write_text(json.dumps({"metrics": {"pass_rate": 0.05, "invalid_rate": 0.1}}))
+    if recorded:
+        (cmp / "config.yaml").write_text(to_yaml(load_config(None, [f"run.root={root}", recorded])))
+    return cmp
+
+
+@pytest.mark.parametrize("recorded", [None, "tasks.train=[{source: mbpp, split: train, limit: 3}]"])
+def test_report_describes_a_comparison_by_the_config_it_recorded(bench, tmp_path, monkeypatch, capsys, recorded):
+    """`--report` labels the rounds' tasks by the settings the comparison ran with (its config.yaml), not by the
+    defaults of the day; a comparison from before configs were recorded is labelled by the config given, and
+    says so."""
+    _finished_comparison(tmp_path, recorded)
+    monkeypatch.setattr("sys.argv", ["learning.py", "--report", "--id", "cmp", "--set", f"run.root={tmp_path}"])
+    bench.main()
+    out = capsys.readouterr().out
+    assert "learning: sft=0.050" in out and "seeds=2" in out
+    if recorded:
+        assert "the same 3 every round" in out and "note:" not in out
+    else:  # today's default: a batch of each round drawn from the training side
+        assert "drawn afresh each round" in out and "records no config.yaml" in out

@@ -27,13 +27,15 @@ def make_round(
     turns: int = 2,
     seed: int = 0,
     advantage=lambda rng, n, reward: rng.normal(size=n).astype(np.float32),
+    run: str = "run",
 ) -> tuple[list[dict], list[dict]]:
-    """Write steps + advantages for tasks -> per-trajectory rewards; returns the rows written."""
+    """Write steps + advantages for tasks -> per-trajectory rewards; returns the rows written. Ids hash `run`, as
+    a round's trajectory and row ids hash the run's name."""
     rng = np.random.default_rng(seed)
     steps, advs = [], []
     for task, traj_rewards in rewards.items():
         for k, reward in enumerate(traj_rewards):
-            traj = content_id(task, k)
+            traj = content_id(run, task, k)
             for turn in range(turns):
                 p, r = int(rng.integers(2, 12)), int(rng.integers(1, 10))
                 row_id = content_id(traj, turn)
@@ -156,3 +158,18 @@ def test_plan_is_deterministic_shuffled_and_resumable(tmp_path):
     start = full.index(next(x for x in full if x[0] == Cursor(1, 2)))
     assert [c for c, _ in tail] == [c for c, _ in full[start:]]
     assert all(torch.equal(a, b) for (_, a), (_, b) in zip(tail, full[start:], strict=True))
+
+
+def test_two_runs_that_differ_only_in_name_plan_the_same_update(tmp_path):
+    """Row and trajectory ids hash the run's name; the plan must not: the demo and a compare arm of the same
+    seed roll out the same tasks and must then make the same update (they did not while ties in length were
+    broken by row id)."""
+    rewards = {f"t/{i}": [0.0, 1.0, 0.5, 1.0] for i in range(8)}  # 64 rows, lengths 3..21: many ties
+    plans = []
+    for run in ("local", "didpo_did-seed0"):
+        make_round(tmp_path / run, rewards=rewards, run=run)
+        data = load_round(tmp_path / run)
+        plan = BatchPlan(data, 48, seed=0, epochs=2, pad_id=0)
+        plans.append([[tuple(data.rows[i].response_ids) for i in b] for e in range(2) for b in plan.epoch(e)])
+    assert len({len(b) for b in plans[0]}) > 1  # several rows to a batch: the order within a length matters
+    assert plans[0] == plans[1]

@@ -12,6 +12,7 @@ from rich.console import Console
 
 from pipeline.run import policy_version
 from pipeline.schema import read_table
+from training.config import load_config
 from workflows.compare import METRICS, arm_pool, run_compare, summarize, summary_html, write_report
 
 
@@ -85,6 +86,8 @@ def test_arms_share_one_cold_start_and_write_table_summary_and_report(tmp_path, 
     assert responses("didpo-seed0") != responses("didpo-seed1")
     table = pacsv.read_csv(cmp / "compare.csv").to_pylist()
     assert len(table) == 4
+    # the settings the arms shared, beside their table: a later reader need not guess them
+    assert load_config(cmp / "config.yaml") == load_config(None, overrides)
     summary = json.loads((cmp / "compare_summary.json").read_text())
     assert {(s["estimator"], s["seeds"]) for s in summary} == {("didpo", 2), ("grpo", 2)}
     page = write_report(rows, cmp)
