@@ -210,8 +210,8 @@ def report(rows: list[dict], sft: float, held: str, sft_invalid: float = float("
         ctl = f"   vs control {fmt_interval(gains_vs_control[name], True)}" if gains_vs_control.get(name) else ""
         print(f"  {name:<14} {statistics.fmean(curve[0].values()):.3f} -> "
               f"{statistics.fmean(curve[max(curve)].values()):.3f}   gain {fmt_interval(list(values.values()), True)}{ctl}")
-    if rounds > 1:  # round 0's rollouts precede every update, so the updated rounds are 1..last
-        updated = paired_with(curve_means(rows, "rollout_pass_rate", first=1), CONTROL)
+    updated = paired_with(curve_means(rows, "rollout_pass_rate", first=1), CONTROL) if rounds > 1 else {}
+    if any(updated.values()):  # round 0's rollouts precede every update, so the updated rounds are 1..last
         print(f"  rollout pass rate averaged over rounds 1-{rounds - 1}, vs the control seed by seed: "
               + "   ".join(f"{name} {fmt_interval(v, True)}" for name, v in updated.items() if v))
     print(summary_line(sft, finals, len(seeds)))

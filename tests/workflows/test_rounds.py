@@ -77,12 +77,13 @@ def test_one_round_runs_every_stage_and_resumes(tmp_path, tiny_policy):
 
 
 def _set_advantages(round_dir, value):
-    """Rewrite a round's advantages table: every token of row i gets value(i). Returns the table as it was."""
+    """Rewrite a round's advantages table: every token of row i, of n tokens, gets value(i, n). Returns the table
+    as it was."""
     import pyarrow as pa
 
     adv_dir = schema.table_dir(round_dir, "advantages")
     table = schema.read_table(adv_dir, "advantages")
-    tokens = [[value(i)] * len(a) for i, a in enumerate(table.column("token_advantages").to_pylist())]
+    tokens = [[value(i, len(a))] * len(a) for i, a in enumerate(table.column("token_advantages").to_pylist())]
     for part in adv_dir.glob("part-*.parquet"):
         part.unlink()
     idx = table.schema.get_field_index("token_advantages")
@@ -103,7 +104,7 @@ def test_the_kl_reference_is_the_runs_starting_policy_in_every_round(tmp_path, t
 
     def run_round(*args, **kwargs):  # the real round, then advantages of both signs so that every round trains
         result = real_run_round(*args, **kwargs)
-        _set_advantages(result.round_dir, lambda row: 1.0 if row % 2 else -1.0)
+        _set_advantages(result.round_dir, lambda row, n: 1.0 if row % 2 else -1.0)
         return result
 
     calls = []
@@ -134,7 +135,7 @@ def test_a_round_with_nothing_to_train_keeps_the_policy_and_resumes(tmp_path, ti
     run_dir = tmp_path / "runs" / "local"
     # round 0's pipeline stages as `didpo round` runs them, then every advantage set to zero
     round0 = run_round(cfg, 0, resolve_policy(cfg.policy), resolve_tasks(cfg.tasks)[0]).round_dir
-    table = _set_advantages(round0, lambda row: 0.0)
+    table = _set_advantages(round0, lambda row, n: 0.0)
 
     trained = []  # the rounds the trainer is called on
     real_train_round = training.trainer.train_round
@@ -197,3 +198,31 @@ def test_a_round_runs_on_repair_tasks_split_by_program(tmp_path, tiny_policy):
     trajectories = schema.read_table(tmp_path / "runs" / "local" / "round=0" / "trajectories", "trajectories").to_pylist()
     train_ids = {r.task_id for r in recipes if r.split == "train"}
     assert trajectories and {t["task_id"] for t in trajectories} <= train_ids  # rollouts on train programs only
+
+
+def test_two_runs_that_differ_only_in_name_make_the_same_update(tmp_path, tiny_policy, monkeypatch):
+    """The demo and a compare arm of the same seed and start: the sampling seeds leave out the run's name, so
+    the rollouts and advantages agree; the update's plan orders rows by content, not by the row ids that hash
+    the name, so the updated policies agree to the byte."""
+    import pipeline.run
+
+    real_run_round = pipeline.run.run_round
+
+    def run_round(*args, **kwargs):  # advantages of both signs set by content (the response's length), so that
+        result = real_run_round(*args, **kwargs)  # the tiny policy's round trains whatever it sampled
+        _set_advantages(result.round_dir, lambda row, n: 1.0 if n % 2 else -1.0)
+        return result
+
+    monkeypatch.setattr(pipeline.run, "run_round", run_round)
+    weights = []
+    for name in ("local", "didpo_did-seed0"):
+        cfg = load_config(None, [f"run.root={tmp_path / 'runs'}", f"run.run_id={name}", f"policy.checkpoint={tiny_policy}",
+                                 "sft.enabled=false", *_OVERRIDES, "pipeline.samples_per_task=4",
+                                 "train.max_tokens_per_batch=1"])  # a row per micro-batch: the order tells
+        (row,) = run_rounds(cfg, 1, console=Console(quiet=True))
+        assert not row.no_update
+        weights.append((tmp_path / "runs" / name / "round=0" / "policy" / "model.safetensors").read_bytes())
+    ids = [set(schema.read_table(schema.table_dir(tmp_path / "runs" / n / "round=0", "steps"), "steps")
+               .column("row_id").to_pylist()) for n in ("local", "didpo_did-seed0")]
+    assert not ids[0] & ids[1]  # every row id differs between the runs
+    assert weights[0] == weights[1]
