@@ -153,6 +153,9 @@ def main() -> None:
         rows = pq.read_table(table).to_pylist()
         if (compare_dir / CONFIG).is_file():  # labelled by the settings that made the table, not today's
             cfg = load_config(compare_dir / CONFIG)
+            if args.overrides or args.config:
+                print(f"note: described by {compare_dir / CONFIG}, the settings it ran with; --config and --set "
+                      "only located it")
         else:
             print(f"note: {compare_dir} records no {CONFIG} (written before comparisons kept theirs): labelled "
                   "by the config given here")

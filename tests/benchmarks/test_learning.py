@@ -108,7 +108,7 @@ def test_report_describes_a_comparison_by_the_config_it_recorded(bench, tmp_path
     bench.main()
     out = capsys.readouterr().out
     assert "learning: sft=0.050" in out and "seeds=2" in out
-    if recorded:
-        assert "the same 3 every round" in out and "note:" not in out
+    if recorded:  # the --set that located it does not relabel it, and the report says so
+        assert "the same 3 every round" in out and "only located it" in out
     else:  # today's default: a batch of each round drawn from the training side
         assert "drawn afresh each round" in out and "records no config.yaml" in out
