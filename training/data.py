@@ -81,7 +81,7 @@ class DataCounts:
 
 @dataclass(frozen=True)
 class RoundData:
-    rows: tuple[TrainRow, ...]  # kept rows, in content_key order
+    rows: tuple[TrainRow, ...]  # kept rows, in row_id order (the plan orders them by content)
     counts: DataCounts = field(default_factory=DataCounts)
 
 
@@ -184,7 +184,7 @@ def load_round(round_dir: str | Path, *, dynamic_filtering: bool = False) -> Rou
             )
         )
     counts.kept = len(rows)
-    return RoundData(rows=tuple(sorted(rows, key=lambda r: r.content_key)), counts=counts)
+    return RoundData(rows=tuple(rows), counts=counts)
 
 
 # ---- planning ---------------------------------------------------------------------------------------------
