@@ -7,7 +7,8 @@ with every anchor's advantage reversed), several seeds, several rounds, one shar
 arm, the held-out pass rate after every round (mean over seeds with a 95% t interval over seeds), the last
 round's difference from the SFT start and from the control seed by seed, the same for the average over every
 round (so that one round's luck cannot decide), the same for the rollout pass rate
-on the rounds' own tasks (trained on: in-distribution, labelled so), then the line
+on the rounds' own tasks (trained on: in-distribution, labelled so), the real arms ranked on both (the first
+"leads" only when its seed-paired interval against every other real arm is above zero), then the line
 
     learning: sft=<rate> final_didpo=<rate> final_grpo=<rate> final_did=<rate> control=<rate> seeds=<n>
 
@@ -110,6 +111,23 @@ def arm_line(name: str, values: list[float], sft: float, vs_control: list[float]
             f"{ctl}{tag}")
 
 
+def ranking(values: dict[str, dict[int, float]], control: str = CONTROL) -> str:
+    """The real arms (not the control) ordered by their mean over seeds, and whether the first is told apart:
+    it leads only when its difference from every other real arm, paired by seed, has a 95% t interval above
+    zero; otherwise the order is an order of means only. '' with fewer than two real arms."""
+    real = {e: v for e, v in values.items() if e != control and v}
+    if len(real) < 2:
+        return ""
+    order = sorted(real, key=lambda e: -statistics.fmean(real[e].values()))
+    top = order[0]
+    gaps = {e: [real[top][s] - real[e][s] for s in sorted(real[top].keys() & real[e].keys())] for e in order[1:]}
+    leads = all(len(g) >= 2 and seed_interval(g)[1] > 0 for g in gaps.values())
+    means = " > ".join(f"{e} {statistics.fmean(real[e].values()):.3f}" for e in order)
+    verdict = f"{top} leads" if leads else "not separated (an order of means only)"
+    pairs = "   ".join(f"{top} - {e} {fmt_interval(g, True)}" for e, g in gaps.items() if g)
+    return f"{means}: {verdict}; {pairs}"
+
+
 def summary_line(sft: float, finals: dict[str, list[float]], seeds: int) -> str:
     def rate(name: str) -> str:
         return f"{statistics.fmean(finals[name]):.3f}" if name in finals else "nan"
@@ -185,7 +203,9 @@ def report(rows: list[dict], sft: float, held: str, sft_invalid: float = float("
           f"{len(seeds)} seeds [95% t interval over seeds]:")
     for name, curve in held_curve.items():
         print(f"  {name:<14} " + "   ".join(f"r{k} {fmt_interval(list(v.values()))}" for k, v in sorted(curve.items())))
-    print(f"after round {rounds - 1}: vs the SFT start, and vs the control ({CONTROL}) seed by seed:")
+    has_control = CONTROL in held_curve  # without a control arm the rows carry no vs-control column
+    vs = f", and vs the control ({CONTROL}) seed by seed" if has_control else ""
+    print(f"after round {rounds - 1}: vs the SFT start{vs}:")
     last = rounds - 1  # an arm not there yet (a partial comparison) is not paired
     vs_control = paired_with({e: c.get(last, {}) for e, c in held_curve.items()}, CONTROL)
     for name, values in finals.items():
@@ -193,10 +213,12 @@ def report(rows: list[dict], sft: float, held: str, sft_invalid: float = float("
     means = curve_means(rows, "heldout_pass_rate")
     means_vs_control = paired_with(means, CONTROL)
     print(f"averaged over rounds 0-{rounds - 1} (every held-out evaluation of a seed, not only the last), vs the SFT "
-          "start and vs the control seed by seed:")
+          f"start{vs}:")
     for name, values in means.items():
         if values:
             print(arm_line(name, list(values.values()), sft, means_vs_control.get(name, [])))
+    if order := ranking(means):
+        print(f"  ranking of the real arms, held out averaged over rounds 0-{rounds - 1}: {order}")
     invalid = by_round(rows, "heldout_invalid_rate")
     print(f"held-out invalid-action rate (malformed or truncated, or a search text not found once in the file) after round {rounds - 1}; "
           f"SFT start {sft_invalid:.3f}:")
@@ -205,7 +227,7 @@ def report(rows: list[dict], sft: float, held: str, sft_invalid: float = float("
     own = by_round(rows, "rollout_pass_rate")
     gains_vs_control = paired_with(gains, CONTROL)
     print(f"{rounds_see}: rollout pass rate in round 0 and round "
-          f"{rounds - 1} (after {rounds - 1} update(s)), the gain, and the gain vs the control seed by seed:")
+          f"{rounds - 1} (after {rounds - 1} update(s)), the gain{' and the gain vs the control seed by seed' if has_control else ''}:")
     for name, values in gains.items():
         if not values:
             continue
@@ -213,10 +235,13 @@ def report(rows: list[dict], sft: float, held: str, sft_invalid: float = float("
         ctl = f"   vs control {fmt_interval(gains_vs_control[name], True)}" if gains_vs_control.get(name) else ""
         print(f"  {name:<14} {statistics.fmean(curve[0].values()):.3f} -> "
               f"{statistics.fmean(curve[max(curve)].values()):.3f}   gain {fmt_interval(list(values.values()), True)}{ctl}")
-    updated = paired_with(curve_means(rows, "rollout_pass_rate", first=1), CONTROL) if rounds > 1 else {}
-    if any(updated.values()):  # round 0's rollouts precede every update, so the updated rounds are 1..last
+    # round 0's rollouts precede every update, so the updated rounds are 1..last
+    updated = curve_means(rows, "rollout_pass_rate", first=1) if rounds > 1 else {}
+    if any((updated_vs_control := paired_with(updated, CONTROL)).values()):
         print(f"  rollout pass rate averaged over rounds 1-{rounds - 1}, vs the control seed by seed: "
-              + "   ".join(f"{name} {fmt_interval(v, True)}" for name, v in updated.items() if v))
+              + "   ".join(f"{name} {fmt_interval(v, True)}" for name, v in updated_vs_control.items() if v))
+    if order := ranking(updated):
+        print(f"  ranking of the real arms, rollout pass rate averaged over rounds 1-{rounds - 1}: {order}")
     print(summary_line(sft, finals, len(seeds)))
 
 

@@ -112,3 +112,25 @@ def test_report_describes_a_comparison_by_the_config_it_recorded(bench, tmp_path
         assert "the same 3 every round" in out and "only located it" in out
     else:  # today's default: a batch of each round drawn from the training side
         assert "drawn afresh each round" in out and "records no config.yaml" in out
+
+
+def test_ranking_names_a_leader_only_when_it_is_told_apart_from_every_other_real_arm(bench):
+    """The control never ranks; the first arm leads only when each seed-paired gap has an interval above zero."""
+    apart = {"didpo_did": {0: 0.50, 1: 0.52, 2: 0.51}, "grpo": {0: 0.40, 1: 0.41, 2: 0.41},
+             "didpo_flipped": {0: 0.90, 1: 0.90, 2: 0.90}}
+    line = bench.ranking(apart)
+    assert line.startswith("didpo_did 0.510 > grpo 0.407: didpo_did leads;") and "didpo_flipped" not in line
+    assert "didpo_did - grpo +0.103 [" in line
+    close = {"didpo_did": {0: 0.50, 1: 0.40, 2: 0.52}, "grpo": {0: 0.45, 1: 0.46, 2: 0.44}}
+    assert "not separated (an order of means only)" in bench.ranking(close)
+    assert bench.ranking({"grpo": {0: 0.4}, "didpo_flipped": {0: 0.3}}) == ""
+
+
+def test_a_report_without_a_control_arm_promises_no_comparison_with_it(bench, capsys):
+    rows = [{"estimator": e, "seed": s, "round": k, "heldout_pass_rate": 0.3 + 0.1 * k + (0.05 if e == "grpo" else 0),
+             "heldout_invalid_rate": 0.0, "rollout_pass_rate": 0.2 + 0.01 * s} for e in ("didpo_did", "grpo")
+            for s in (0, 1) for k in (0, 1)]
+    bench.report(rows, 0.25, "2 unseen programs")
+    out = capsys.readouterr().out
+    assert "control" not in out.replace("control=nan", "")
+    assert "ranking of the real arms, held out averaged over rounds 0-1: grpo 0.400 > didpo_did 0.350: grpo leads" in out
