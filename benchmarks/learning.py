@@ -237,7 +237,8 @@ def report(rows: list[dict], sft: float, held: str, sft_invalid: float = float("
               f"{statistics.fmean(curve[max(curve)].values()):.3f}   gain {fmt_interval(list(values.values()), True)}{ctl}")
     # round 0's rollouts precede every update, so the updated rounds are 1..last
     updated = curve_means(rows, "rollout_pass_rate", first=1) if rounds > 1 else {}
-    if any((updated_vs_control := paired_with(updated, CONTROL)).values()):
+    updated_vs_control = paired_with(updated, CONTROL)
+    if any(updated_vs_control.values()):
         print(f"  rollout pass rate averaged over rounds 1-{rounds - 1}, vs the control seed by seed: "
               + "   ".join(f"{name} {fmt_interval(v, True)}" for name, v in updated_vs_control.items() if v))
     if order := ranking(updated):
