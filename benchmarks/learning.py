@@ -120,7 +120,8 @@ def ranking(values: dict[str, dict[int, float]], control: str = CONTROL) -> str:
         return ""
     order = sorted(real, key=lambda e: -statistics.fmean(real[e].values()))
     top = order[0]
-    gaps = {e: [real[top][s] - real[e][s] for s in sorted(real[top].keys() & real[e].keys())] for e in order[1:]}
+    behind = paired_with(real, top)  # each other arm minus the first, seed by seed
+    gaps = {e: [-d for d in behind[e]] for e in order[1:]}
     leads = all(len(g) >= 2 and seed_interval(g)[1] > 0 for g in gaps.values())
     means = " > ".join(f"{e} {statistics.fmean(real[e].values()):.3f}" for e in order)
     verdict = f"{top} leads" if leads else "not separated (an order of means only)"
