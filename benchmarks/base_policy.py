@@ -1,7 +1,8 @@
 """Base policy: can it copy from its context, and does repair SFT on top of it fix programs it never saw?
 
 1. Copying (the base, before any SFT), greedy, on held-out files (MBPP test solutions, never pretrained on):
-   `quote_line` (quote line N of the shown file) and `error_name` (repeat the name a NameError names).
+   `quote_line` (quote line N of the shown file) and `error_name` (repeat the name a NameError names), and
+   `quote_line_in_episode`: the same questions after the episode's system message, as repairs are asked.
 2. Repair SFT: repair tasks minted from MBPP *test* programs (`pipeline.tasks.repair`, bugs the sandbox
    confirms, so pretraining saw none of these programs), split by program; one-action demonstrations on the
    train side (search/replace edits from the buggy file to the reference: `sft_examples` kind `edit`).
@@ -140,7 +141,7 @@ def main() -> None:
     from pipeline.sandbox import Judge, SandboxPool, SandboxSettings
     from pipeline.tasks import load_source
     from training.demonstrations import sft_examples
-    from training.pretrain import copy_accuracy, pretrain_files, rehearsal_examples
+    from training.pretrain import held_out_abilities, pretrain_files, rehearsal_examples
     from training.sft import evaluate_actions, train_sft
     from training.sft_settings import SftSettings
 
@@ -150,11 +151,10 @@ def main() -> None:
     base = _base(args, work)
     params = checkpoint_parameters(base)
     held_files = pretrain_files(load_source("mbpp", split="test"))
-    copy = {kind: copy_accuracy(base, held_files, n=args.copy_questions, seed=args.seed, kind=kind)
-            for kind in ("quote_line", "error_name")}
+    copy = held_out_abilities(base, held_files, n=args.copy_questions, seed=args.seed)
     print(f"base {base}: {params:,} parameters", flush=True)
     for kind, res in copy.items():
-        print(f"  held-out {kind:<10} {_share(round(res['accuracy'] * res['n']), res['n'])}", flush=True)
+        print(f"  held-out {kind:<21} {_share(round(res['accuracy'] * res['n']), res['n'])}", flush=True)
 
     episode = EpisodeSettings(action_spec="brief", max_response_tokens=384)
     with SandboxPool(SandboxSettings(pool_size=2)) as pool:
@@ -193,7 +193,9 @@ def main() -> None:
     print(f"  fixed          {_share(fixed, n)}")
     print(f"  baseline fixed {_share(baseline, n)} (the most frequent training response, {count} times)")
     result = {"params": params, "copy_acc": copy["quote_line"]["accuracy"],
-              "error_name": copy["error_name"]["accuracy"], "search_found": found / n, "fix_unseen": fixed / n,
+              "error_name": copy["error_name"]["accuracy"],
+              "quote_line_in_episode": copy["quote_line_in_episode"]["accuracy"],
+              "search_found": found / n, "fix_unseen": fixed / n,
               "fix_baseline": baseline / n, "held_out": n, "split_by": args.split_by,
               "failure_shown": not args.bare_tasks, "seed": args.seed,
               "families": list(families),

@@ -35,8 +35,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
-from pipeline.agent.episode import render_file
-from pipeline.agent.grammar import Action, render_action
+from pipeline.agent.episode import render_file, system_prompt
+from pipeline.agent.grammar import ACTION_SPECS, Action, render_action
 from pipeline.assets import PRETRAIN_REPORT
 from pipeline.tasks.base import Task
 from training.demonstrations import SftExample, generation_header, mutate_line, search_replace_edits
@@ -117,11 +117,13 @@ def copy_task(kind: str, path: str, text: str, rng: random.Random) -> tuple[str,
     return f"{_shown(path, text)}\n\nApply this edit and write the whole file:\n{block}", new_text
 
 
-def prompt_ids(tokenizer: Any, message: str) -> tuple[int, ...]:
-    """Token ids of a one-message chat ending in the assistant header (the header alone for "")."""
+def prompt_ids(tokenizer: Any, message: str, system: str | None = None) -> tuple[int, ...]:
+    """Token ids of a one-message chat ending in the assistant header (the header alone for ""), after a
+    `system` message when one is given."""
     if not message:
         return generation_header(tokenizer)
-    chat = [{"role": "user", "content": message}]
+    chat = [{"role": "system", "content": system}] if system else []
+    chat.append({"role": "user", "content": message})
     text = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
     return tuple(tokenizer(text, add_special_tokens=False)["input_ids"])
 
@@ -251,10 +253,14 @@ def _library_functions(max_lines: int) -> list[str]:
 
 def pretrain_examples(files: Sequence[tuple[str, str]], tokenizer: Any, *, n: int, seed: int,
                       mix: Mapping[str, float] = DEFAULT_PRETRAIN_MIX, max_tokens: int = 1024,
-                      respell: bool = False) -> list[SftExample]:
+                      respell: bool = False, system_share: float = 0.0) -> list[SftExample]:
     """`n` rows (fewer if files cannot supply them), each a seeded kind on a seeded file; deterministic for
     given inputs. A row whose prompt plus response exceeds `max_tokens` is drawn again (at most 4n draws).
-    With `respell`, each row shows its file `respelled` afresh (names drawn from all of `files`)."""
+    With `respell`, each row shows its file `respelled` afresh (names drawn from all of `files`). A share
+    `system_share` of the file rows comes after the episode's system message (either grammar's wording, at
+    random), so that copying is learnt in the context where the policy uses it."""
+    if not 0.0 <= system_share <= 1.0:
+        raise ValueError(f"system_share {system_share} must be within [0, 1]")
     unknown = sorted(set(mix) - set(PRETRAIN_KINDS))
     if unknown or sum(mix.values()) <= 0 or any(w < 0 for w in mix.values()):
         raise ValueError(f"mix {dict(mix)} must weigh the kinds {PRETRAIN_KINDS} with weights >= 0, one > 0")
@@ -283,7 +289,10 @@ def pretrain_examples(files: Sequence[tuple[str, str]], tokenizer: Any, *, n: in
         if task is None:
             continue
         message, response = task
-        prompt = prompt_ids(tokenizer, message)
+        # drawn only when asked for, so that rows without system messages stay those of earlier recipes
+        system = (system_prompt(rng.choice(sorted(ACTION_SPECS)))
+                  if system_share and rng.random() < system_share else None)
+        prompt = prompt_ids(tokenizer, message, system)
         response_ids = (*tokenizer(response, add_special_tokens=False)["input_ids"], eos)
         if len(prompt) + len(response_ids) <= max_tokens:
             out.append(SftExample(path, kind, 0, prompt, response_ids, response))
@@ -299,9 +308,11 @@ def rehearsal_examples(files: Sequence[tuple[str, str]], tokenizer: Any, *, n: i
 
 
 def copy_accuracy(checkpoint: Any, files: Sequence[tuple[str, str]], *, n: int, seed: int,
-                  kind: str = "quote_line", batch_size: int = 8, device: str = "cpu") -> dict[str, Any]:
+                  kind: str = "quote_line", batch_size: int = 8, device: str = "cpu",
+                  action_spec: str | None = None) -> dict[str, Any]:
     """Greedy answers to `n` seeded questions of `kind` on `files`: the share answered verbatim (whitespace at
-    the ends ignored), with a few (expected, got) samples."""
+    the ends ignored), with a few (expected, got) samples. With `action_spec`, each question comes after the
+    episode's system message in that wording, as repairs do."""
     import torch
 
     from pipeline.policy.generation import GenerationRequest
@@ -316,7 +327,7 @@ def copy_accuracy(checkpoint: Any, files: Sequence[tuple[str, str]], *, n: int, 
         path, text = files[rng.randrange(len(files))]
         task = copy_task(kind, path, text, rng)
         if task is not None:
-            asks.append(prompt_ids(tokenizer, task[0]))
+            asks.append(prompt_ids(tokenizer, task[0], action_spec and system_prompt(action_spec)))
             answers.append(task[1])
     longest = max(len(tokenizer(a, add_special_tokens=False)["input_ids"]) for a in answers)
     settings = PolicySettings(checkpoint=str(checkpoint), temperature=0.0, max_new_tokens=longest + 8, device=device)
@@ -326,7 +337,18 @@ def copy_accuracy(checkpoint: Any, files: Sequence[tuple[str, str]], *, n: int, 
         results = [r for lo in range(0, n, batch_size) for r in generator.generate(requests[lo:lo + batch_size])]
     got = [r.response_text.strip() for r in results]
     hits = [g == a.strip() for g, a in zip(got, answers, strict=True)]
-    return {"n": n, "kind": kind, "accuracy": sum(hits) / n, "samples": list(zip(answers, got, strict=True))[:5]}
+    return {"n": n, "kind": kind, "action_spec": action_spec, "accuracy": sum(hits) / n, "samples": list(zip(answers, got, strict=True))[:5]}
+
+
+def held_out_abilities(checkpoint: Any, files: Sequence[tuple[str, str]], *, n: int, seed: int,
+                       device: str = "cpu") -> dict[str, dict[str, Any]]:
+    """The base's copying on held-out `files`: `quote_line` and `error_name` as pretraining asks them, and
+    `quote_line_in_episode`, the same questions after the episode's system message (brief grammar)."""
+    out = {kind: copy_accuracy(checkpoint, files, n=n, seed=seed, kind=kind, device=device)
+           for kind in ("quote_line", "error_name")}
+    out["quote_line_in_episode"] = copy_accuracy(checkpoint, files, n=n, seed=seed, device=device,
+                                                 action_spec="brief")
+    return out
 
 
 # ---- the staged recipe -------------------------------------------------------------------------------------
@@ -341,7 +363,8 @@ def _rows_for(stage: Any, files: Sequence[tuple[str, str]], tokenizer: Any, seed
     used, draw = 0, 0
     while used < budget:
         more = pretrain_examples(files, tokenizer, n=512, seed=seed * 1_000_003 + draw, mix=stage.mix,
-                                 max_tokens=stage.max_tokens_per_batch, respell=stage.respell)
+                                 max_tokens=stage.max_tokens_per_batch, respell=stage.respell,
+                                 system_share=stage.system_share)
         if not more:
             raise ValueError(f"stage {stage.name!r}: its files offer no rows of the kinds {sorted(stage.mix)}")
         rows += more
@@ -363,7 +386,8 @@ def pretrain(settings: Any, work_dir: Any, *, command: str = "") -> dict[str, An
     import shutil
     from pathlib import Path
 
-    from pipeline.policy.loading import checkpoint_parameters, load_tokenizer
+    from pipeline.assets import resolve_checkpoint
+    from pipeline.policy.loading import check_checkpoint, checkpoint_parameters, load_tokenizer
     from pipeline.policy.tiny import ensure_checkpoint
     from pipeline.tasks.settings import resolve_tasks
     from training.sft import REPORT_NAME as SFT_REPORT
@@ -377,7 +401,12 @@ def pretrain(settings: Any, work_dir: Any, *, command: str = "") -> dict[str, An
     files = [(p, t) for p, t in pretrain_files(train_tasks) if t not in held_texts]
     if not files or not held_out:
         raise ValueError("pretraining needs training files and held-out files: check pretrain.tasks")
-    previous = ensure_checkpoint(root / "stages" / "0-init", size=settings.size, seed=settings.seed)
+    if settings.init:
+        previous = check_checkpoint(resolve_checkpoint(settings.init))
+    else:
+        previous = ensure_checkpoint(root / "stages" / "0-init", size=settings.size, seed=settings.seed)
+    start = {"checkpoint": settings.init or "scratch",
+             "sha256": hashlib.sha256((previous / "model.safetensors").read_bytes()).hexdigest()}
     tokenizer = load_tokenizer(previous)
     stages = []
     for i, stage in enumerate(settings.stages, start=1):
@@ -395,8 +424,7 @@ def pretrain(settings: Any, work_dir: Any, *, command: str = "") -> dict[str, An
                        "mosaic_files": len(mosaic), "library_files": len(library), "rows": len(rows), "first_loss": report.first_loss,
                        "final_loss": report.final_loss, "train_s": report.wall.get("train_s")})
     n = settings.eval_questions
-    abilities = {kind: copy_accuracy(previous, held_out, n=n, seed=settings.seed, kind=kind, device=settings.device)
-                 for kind in ("quote_line", "error_name")}
+    abilities = held_out_abilities(previous, held_out, n=n, seed=settings.seed, device=settings.device)
     final = root / "final"
     if final.exists():
         shutil.rmtree(final)
@@ -406,6 +434,7 @@ def pretrain(settings: Any, work_dir: Any, *, command: str = "") -> dict[str, An
         "command": command,
         "settings": settings.model_dump(mode="json"),
         "parameters": checkpoint_parameters(final),  # from the safetensors header, no model load
+        "init": start,
         "files": {"train": len(files), "held_out": len(held_out)},
         "stages": stages,
         "held_out": abilities,

@@ -44,6 +44,9 @@ class PretrainStage(BaseModel):
     respell: bool = Field(
         False, description="show each row's file with fresh names and numbers (training/pretrain.py `respelled`): "
         "the structure is real, the content new, so quoting it needs looking, however often the file comes up")
+    system_share: float = Field(
+        0.0, ge=0.0, le=1.0, description="share of the file rows shown after the episode's system message (the "
+        "role and the action grammar): a base never shown it does not copy after it (docs/pretraining.md)")
     library_files: int = Field(
         0, ge=0, description="extra files: functions of the Python standard library's own source of at most "
         "max_file_lines lines (training/pretrain.py `library_files`), varied real code that ships offline")
@@ -99,7 +102,10 @@ class PretrainSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    size: str = Field("base", description="size preset of the model built from scratch")
+    size: str = Field("base", description="size preset of the model built from scratch (unused with `init`)")
+    init: str | None = Field(
+        None, description="continue from this checkpoint (a folder, or bundled:NAME) instead of building one "
+        "from scratch: its weights and tokenizer, then the stages; the report records its sha256")
     seed: int = Field(0, ge=0, description="seed of the weights, the rows and the batch order")
     tasks: TasksSettings = Field(
         default_factory=_default_tasks,

@@ -106,6 +106,12 @@ class StepResult:
     exec_result: ExecResult | None = None
 
 
+def system_prompt(action_spec: str) -> str:
+    """The episode's system message: the role, then the action grammar in the `action_spec` wording."""
+    return ("You are a careful software engineer fixing code in a small workspace, one action per turn. "
+            "After each change the visible tests run and you see their result.\n\n" + ACTION_SPECS[action_spec])
+
+
 class Episode:
     def __init__(self, task: Task, executor: Executor, settings: EpisodeSettings | None = None,
                  tokenizer: Any = None):
@@ -126,10 +132,7 @@ class Episode:
     # ----------------------------------------------------------------------------------------- prompt
     def prompt_messages(self) -> list[dict[str, str]]:
         s, cfg = self.state, self.settings
-        system = (
-            "You are a careful software engineer fixing code in a small workspace, one action per turn. "
-            "After each change the visible tests run and you see their result.\n\n" + ACTION_SPECS[cfg.action_spec]
-        )
+        system = system_prompt(cfg.action_spec)
         parts = [f"# Task\n{s.task.instructions.strip()}\n", "# Workspace"]
         for path in sorted(s.files):
             parts.append(render_file(path, s.files[path], cfg.elide_lines, s.focus.get(path)))

@@ -149,6 +149,33 @@ def test_examples_are_seeded_bounded_and_follow_the_mix(tokenizer):
             pretrain_examples(files, tokenizer, n=5, seed=0, mix=bad)
 
 
+def test_a_share_of_file_rows_comes_after_the_episode_system_message(tokenizer):
+    from pipeline.agent.episode import system_prompt
+    from pipeline.agent.grammar import ACTION_SPECS
+
+    files = pretrain_files(load_source("mbpp", split="train", limit=30))
+    mix = {"quote_line": 1.0, "edit_line": 1.0, "induction": 1.0}
+    plain = pretrain_examples(files, tokenizer, n=60, seed=3, mix=mix, max_tokens=1200)
+    # without a share the rows are those of recipes written before it existed
+    assert plain == pretrain_examples(files, tokenizer, n=60, seed=3, mix=mix, max_tokens=1200, system_share=0.0)
+    framed = pretrain_examples(files, tokenizer, n=60, seed=3, mix=mix, max_tokens=1200, system_share=1.0)
+    shown = {r.kind: [] for r in framed}
+    for r in framed:
+        shown[r.kind].append(tokenizer.decode(r.prompt_ids))
+    wordings = {spec: system_prompt(spec) for spec in ACTION_SPECS}
+    for kind in ("quote_line", "edit_line"):
+        assert all(any(w in text for w in wordings.values()) for text in shown[kind])
+    assert all(any(w in text for text in shown["quote_line"] + shown["edit_line"]) for w in wordings.values())
+    assert not any("careful software engineer" in text for text in shown["induction"])
+    assert not any("careful software engineer" in tokenizer.decode(r.prompt_ids) for r in plain)
+    half = pretrain_examples(files, tokenizer, n=200, seed=3, mix={"quote_line": 1.0}, max_tokens=1200,
+                             system_share=0.5)
+    share = sum("careful software engineer" in tokenizer.decode(r.prompt_ids) for r in half) / len(half)
+    assert 0.35 < share < 0.65
+    with pytest.raises(ValueError, match="system_share"):
+        pretrain_examples(files, tokenizer, n=5, seed=0, system_share=1.5)
+
+
 def test_mosaic_files_are_seeded_new_orders_of_known_lines():
     files = [("a.py", FILE), ("b.py", "x = 1\ny = 2\n\nprint(x + y)\n")]
     known = {line for _, text in files for line in text.splitlines() if line.strip()}
@@ -260,14 +287,30 @@ def test_stages_train_in_order_resume_and_measure_on_held_out_files(tmp_path):
     digest = hashlib.sha256((final / "model.safetensors").read_bytes()).hexdigest()
     assert report["sha256"]["model.safetensors"] == digest
     assert json.loads((final / REPORT_NAME).read_text())["command"] == "test"
-    assert set(report["held_out"]) == {"quote_line", "error_name"}
+    assert set(report["held_out"]) == {"quote_line", "error_name", "quote_line_in_episode"}
     assert all(a["n"] == 4 and 0.0 <= a["accuracy"] <= 1.0 for a in report["held_out"].values())
+    assert report["held_out"]["quote_line_in_episode"]["action_spec"] == "brief"
+    assert report["init"]["checkpoint"] == "scratch"
     assert report["files"]["held_out"] > 0
     # a rerun finds every stage done: the same weights, no training
     stamp = (tmp_path / "stages" / "2-short" / "model.safetensors").stat().st_mtime_ns
     again = pretrain(settings, tmp_path, command="test")
     assert again["sha256"] == report["sha256"]
     assert (tmp_path / "stages" / "2-short" / "model.safetensors").stat().st_mtime_ns == stamp
+
+    # continued pretraining: the stages start from `init`'s weights and tokenizer, not from a new model
+    more = settings.model_copy(update={"init": str(final), "size": "small", "stages": (PretrainStage(
+        name="framed", mix={"quote_line": 1.0}, steps=1, warmup_steps=0, max_tokens_per_batch=2048,
+        system_share=1.0),)})
+    cont = pretrain(more, tmp_path / "more", command="test")
+    assert cont["init"] == {"checkpoint": str(final), "sha256": digest}
+    assert cont["parameters"] == report["parameters"]  # the init's model, not the `small` preset
+    assert not (tmp_path / "more" / "stages" / "0-init").exists()
+    assert (tmp_path / "more" / "final" / "tokenizer.json").read_bytes() == (final / "tokenizer.json").read_bytes()
+    assert cont["sha256"] != report["sha256"]
+    for bad, error in (("bundled:nowhere", "no bundled checkpoint 'nowhere'"), (str(tmp_path / "none"), "none")):
+        with pytest.raises((ValueError, OSError), match=error):
+            pretrain(more.model_copy(update={"init": bad}), tmp_path / "bad", command="test")
 
 
 @pytest.mark.slow
