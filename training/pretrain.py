@@ -407,6 +407,17 @@ def pretrain(settings: Any, work_dir: Any, *, command: str = "") -> dict[str, An
         previous = ensure_checkpoint(root / "stages" / "0-init", size=settings.size, seed=settings.seed)
     start = {"checkpoint": settings.init or "scratch",
              "sha256": hashlib.sha256((previous / "model.safetensors").read_bytes()).hexdigest()}
+    # finished stages are reused by their rows and settings; this keeps them from being reused on other weights
+    started = root / "stages" / "init.json"
+    if started.is_file():
+        recorded = json.loads(started.read_text())
+        if recorded.get("sha256") != start["sha256"]:
+            raise ValueError(f"{root} holds stages trained from {recorded.get('checkpoint')} (sha256 "
+                             f"{str(recorded.get('sha256'))[:12]}...), not from {start['checkpoint']} (sha256 "
+                             f"{start['sha256'][:12]}...): choose another --out")
+    else:
+        started.parent.mkdir(parents=True, exist_ok=True)
+        started.write_text(json.dumps(start) + "\n")
     tokenizer = load_tokenizer(previous)
     stages = []
     for i, stage in enumerate(settings.stages, start=1):

@@ -308,6 +308,10 @@ def test_stages_train_in_order_resume_and_measure_on_held_out_files(tmp_path):
     assert not (tmp_path / "more" / "stages" / "0-init").exists()
     assert (tmp_path / "more" / "final" / "tokenizer.json").read_bytes() == (final / "tokenizer.json").read_bytes()
     assert cont["sha256"] != report["sha256"]
+    # the same folder resumed from other weights is refused: its finished stages were trained from the first
+    with pytest.raises(ValueError, match="holds stages trained from .*choose another --out"):
+        pretrain(more.model_copy(update={"init": str(tmp_path / "stages" / "1-induction")}), tmp_path / "more",
+                 command="test")
     for bad, error in (("bundled:nowhere", "no bundled checkpoint 'nowhere'"), (str(tmp_path / "none"), "none")):
         with pytest.raises((ValueError, OSError), match=error):
             pretrain(more.model_copy(update={"init": bad}), tmp_path / "bad", command="test")
