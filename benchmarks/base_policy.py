@@ -9,7 +9,8 @@
 3. Held-out programs, greedy first action: `search_found` = share of tasks whose action is valid and whose
    every `<search>` text occurs in the file; `fix_unseen` = share whose hidden tests pass after the action
    (the sandbox judges); `fix_baseline` = the same for the most frequent training response applied to every
-   held-out task, so that a frequent guess never passes for repair. 95% Wilson intervals over tasks.
+   held-out task, so that a frequent guess never passes for repair. 95% Wilson intervals over tasks. Where
+   search texts fail, sorted (`search_outcome`): invalid action, indentation, near copy, drift.
 
 The repair tasks show the visible tests' failing run, as `didpo tasks make-repair` makes them
 (`--bare-tasks`: the code only). `--split-by instance` holds out unseen bugs of the training programs instead
@@ -88,19 +89,48 @@ def _repair_tasks(args, work: Path, judge, families: tuple[str, ...]):
     return [t for t in tasks if t.split == "train"], [t for t in tasks if t.split == "test"]
 
 
+SEARCH_OUTCOMES = ("found", "invalid", "no edit", "indentation", "near copy", "drift")
+
+
+def search_outcome(workspace, text: str) -> str:
+    """Where one response's search text stands against its file: `found` (a valid edit whose every search text
+    occurs, none for a whole-file write), `invalid` (no valid action), `no edit` (run_tests or finish), else
+    the first search text not found is `indentation` (each of its lines is a line of the file but for the
+    blanks around it), a `near copy` (its first line at difflib ratio >= 0.8 to a line of the file: a
+    character or two lost) or a `drift` (a copy that wanders off every line of the file)."""
+    import difflib
+
+    from pipeline.agent.grammar import parse_response
+
+    action = parse_response(text)
+    if not action.ok:
+        return "invalid"
+    if action.kind in ("run_tests", "finish"):
+        return "no edit"
+    searches = [e for e in action.edits if e.op == "replace"]
+    missing = next((e for e in searches if e.search not in workspace.get(e.path, "")), None)
+    if missing is None:
+        return "found"
+    lines = {line.strip() for line in workspace.get(missing.path, "").splitlines() if line.strip()}
+    wanted = [line.strip() for line in missing.search.splitlines() if line.strip()]
+    if wanted and all(line in lines for line in wanted):
+        return "indentation"
+    first = wanted[0] if wanted else ""
+    close = max((difflib.SequenceMatcher(None, line, first).ratio() for line in lines), default=0.0)
+    return "near copy" if close >= 0.8 else "drift"
+
+
 def _fixes(tasks, responses, judge, max_file_bytes: int) -> tuple[int, int]:
     """(tasks whose action is valid with every search text in its file, tasks fixed) for one response each."""
     from pipeline.agent.grammar import InvalidAction, apply_action, parse_response
 
     found = fixed = 0
     for task, text in zip(tasks, responses, strict=True):
-        action = parse_response(text)
-        if not action.ok or action.kind in ("run_tests", "finish"):
+        outcome = search_outcome(task.workspace, text)
+        if outcome in ("invalid", "no edit"):
             continue
-        searches = [e for e in action.edits if e.op == "replace"]
-        if all(e.search in task.workspace.get(e.path, "") for e in searches):
-            found += 1
-        files = apply_action(action, task.workspace, max_file_bytes=max_file_bytes)
+        found += outcome == "found"
+        files = apply_action(parse_response(text), task.workspace, max_file_bytes=max_file_bytes)
         if not isinstance(files, InvalidAction) and judge.run(task, files, hidden=True).status == "passed":
             fixed += 1
     return found, fixed
@@ -192,10 +222,13 @@ def main() -> None:
     print(f"  search found   {_share(found, n)}")
     print(f"  fixed          {_share(fixed, n)}")
     print(f"  baseline fixed {_share(baseline, n)} (the most frequent training response, {count} times)")
+    outcomes = Counter(search_outcome(t.workspace, r) for t, r in zip(held, ev["responses"], strict=True))
+    print("  search texts   " + ", ".join(f"{k} {outcomes[k]}" for k in SEARCH_OUTCOMES))
     result = {"params": params, "copy_acc": copy["quote_line"]["accuracy"],
               "error_name": copy["error_name"]["accuracy"],
               "quote_line_in_episode": copy["quote_line_in_episode"]["accuracy"],
               "search_found": found / n, "fix_unseen": fixed / n,
+              "search_outcomes": {k: outcomes[k] for k in SEARCH_OUTCOMES},
               "fix_baseline": baseline / n, "held_out": n, "split_by": args.split_by,
               "failure_shown": not args.bare_tasks, "seed": args.seed,
               "families": list(families),

@@ -25,6 +25,25 @@ def test_wilson_interval_by_hand(bench):
     assert bench.wilson(0, 0) == (0.0, 1.0)
 
 
+def _edit(search: str) -> str:
+    return (f'<think>\nLine 3 of solution.py is wrong; I fix it.\n</think>\n<edit path="solution.py">\n<search>\n'
+            f'{search}\n</search>\n<replace>\n    return total\n</replace>\n</edit>\n')
+
+
+def test_search_outcomes_sort_where_a_search_text_fails(bench):
+    workspace = {"solution.py": "def count(xs):\n    total = sum(x * x for x in xs)\n    total\n"}
+    cases = {
+        "found": _edit("    total"),
+        "indentation": _edit("      total = sum(x * x for x in xs)"),  # two blanks too many
+        "near copy": _edit("    total = sum(x * x for x in x)"),
+        "drift": _edit("    total = sum(x', (x',1) : "),
+        "invalid": "<think>\nx\n</think>\n<edit>",
+        "no edit": "<think>\nx\n</think>\n<run_tests/>",
+    }
+    assert {k: bench.search_outcome(workspace, text) for k, text in cases.items()} == {k: k for k in cases}
+    assert set(cases) == set(bench.SEARCH_OUTCOMES)
+
+
 @pytest.mark.slow
 def test_demonstrated_fixes_score_full_and_a_wrong_edit_scores_nothing(bench, tmp_path, tiny_policy):
     with SandboxPool(SandboxSettings(pool_size=1)) as pool:
