@@ -1,8 +1,9 @@
 """Base policy: can it copy from its context, and does repair SFT on top of it fix programs it never saw?
 
 1. Copying (the base, before any SFT), greedy, on held-out files (MBPP test solutions, never pretrained on):
-   `quote_line` (quote line N of the shown file) and `error_name` (repeat the name a NameError names), and
-   `quote_line_in_episode`: the same questions after the episode's system message, as repairs are asked.
+   `quote_line` (quote line N of the shown file), `error_name` (repeat the name a NameError names),
+   `edit_line` (asked to change line N, an action whose search text is line N verbatim), and
+   `quote_line_in_episode`: the quote_line questions after the episode's system message, as repairs are asked.
 2. Repair SFT: repair tasks minted from MBPP *test* programs (`pipeline.tasks.repair`, bugs the sandbox
    confirms, so pretraining saw none of these programs), split by program; one-action demonstrations on the
    train side (search/replace edits from the buggy file to the reference: `sft_examples` kind `edit`).
@@ -226,6 +227,7 @@ def main() -> None:
     print("  search texts   " + ", ".join(f"{k} {outcomes[k]}" for k in SEARCH_OUTCOMES))
     result = {"params": params, "copy_acc": copy["quote_line"]["accuracy"],
               "error_name": copy["error_name"]["accuracy"],
+              "edit_line": copy["edit_line"]["accuracy"],
               "quote_line_in_episode": copy["quote_line_in_episode"]["accuracy"],
               "search_found": found / n, "fix_unseen": fixed / n,
               "search_outcomes": {k: outcomes[k] for k in SEARCH_OUTCOMES},

@@ -36,7 +36,7 @@ from types import MappingProxyType
 from typing import Any
 
 from pipeline.agent.episode import render_file, system_prompt
-from pipeline.agent.grammar import ACTION_SPECS, Action, render_action
+from pipeline.agent.grammar import ACTION_SPECS, Action, parse_response, render_action
 from pipeline.assets import PRETRAIN_REPORT
 from pipeline.tasks.base import Task
 from training.demonstrations import SftExample, generation_header, mutate_line, search_replace_edits
@@ -307,11 +307,22 @@ def rehearsal_examples(files: Sequence[tuple[str, str]], tokenizer: Any, *, n: i
                              respell=True)
 
 
+def answered(kind: str, got: str, want: str) -> bool:
+    """Whether `got` answers a question of `kind` whose answer is `want`: verbatim, whitespace at the ends
+    ignored; for `edit_line`, the action's search text is line N verbatim (the copy a repair needs: the think
+    and the replacement are given by the question)."""
+    if kind != "edit_line":
+        return got.strip() == want.strip()
+    action, wanted = parse_response(got.strip()), parse_response(want)
+    return (action.ok and bool(action.edits) and action.edits[0].op == "replace"
+            and action.edits[0].search == wanted.edits[0].search)
+
+
 def copy_accuracy(checkpoint: Any, files: Sequence[tuple[str, str]], *, n: int, seed: int,
                   kind: str = "quote_line", batch_size: int = 8, device: str = "cpu",
                   action_spec: str | None = None) -> dict[str, Any]:
-    """Greedy answers to `n` seeded questions of `kind` on `files`: the share answered verbatim (whitespace at
-    the ends ignored), with a few (expected, got) samples. With `action_spec`, each question comes after the
+    """Greedy answers to `n` seeded questions of `kind` on `files`: the share `answered`, with a few
+    (expected, got) samples. With `action_spec`, each question comes after the
     episode's system message in that wording, as repairs do."""
     import torch
 
@@ -336,16 +347,17 @@ def copy_accuracy(checkpoint: Any, files: Sequence[tuple[str, str]], *, n: int, 
     with torch.random.fork_rng(devices=[]):
         results = [r for lo in range(0, n, batch_size) for r in generator.generate(requests[lo:lo + batch_size])]
     got = [r.response_text.strip() for r in results]
-    hits = [g == a.strip() for g, a in zip(got, answers, strict=True)]
+    hits = [answered(kind, g, a) for g, a in zip(got, answers, strict=True)]
     return {"n": n, "kind": kind, "action_spec": action_spec, "accuracy": sum(hits) / n, "samples": list(zip(answers, got, strict=True))[:5]}
 
 
 def held_out_abilities(checkpoint: Any, files: Sequence[tuple[str, str]], *, n: int, seed: int,
                        device: str = "cpu") -> dict[str, dict[str, Any]]:
-    """The base's copying on held-out `files`: `quote_line` and `error_name` as pretraining asks them, and
-    `quote_line_in_episode`, the same questions after the episode's system message (brief grammar)."""
+    """The base's copying on held-out `files`: `quote_line`, `error_name` and `edit_line` (its search text
+    quotes line N) as pretraining asks them, and `quote_line_in_episode`, the `quote_line` questions after the
+    episode's system message (brief grammar)."""
     out = {kind: copy_accuracy(checkpoint, files, n=n, seed=seed, kind=kind, device=device)
-           for kind in ("quote_line", "error_name")}
+           for kind in ("quote_line", "error_name", "edit_line")}
     out["quote_line_in_episode"] = copy_accuracy(checkpoint, files, n=n, seed=seed, device=device,
                                                  action_spec="brief")
     return out

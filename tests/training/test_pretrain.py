@@ -80,6 +80,20 @@ def test_edit_line_answers_with_an_action_that_makes_line_n_the_new_line():
         assert after.splitlines()[int(n) - 1] == new_line != FILE.splitlines()[int(n) - 1]
 
 
+def test_an_edit_line_answer_counts_when_its_search_text_is_line_n():
+    from training.pretrain import answered
+
+    want = next(a for _, a in _draws("edit_line") if "total" in parse_response(a).edits[0].search)
+    assert answered("edit_line", want, want)
+    search = parse_response(want).edits[0].search
+    other = want.replace(f"<search>\n{search}", "<search>\n" + search.replace("total", "totl", 1))
+    assert other != want and not answered("edit_line", other, want)  # a copy that drifts
+    think_only = want.split("</think>")[0] + "</think>\n<run_tests/>"
+    assert not answered("edit_line", think_only, want) and not answered("edit_line", "", want)
+    # quoting kinds stay verbatim, ends ignored
+    assert answered("quote_line", "  total = 0 \n", "    total = 0") and not answered("quote_line", "total", "total = 0")
+
+
 def test_apply_edit_answers_with_the_whole_file_after_the_shown_edit():
     for message, answer in _draws("apply_edit"):
         block = message.split("Apply this edit and write the whole file:\n", 1)[1]
@@ -287,7 +301,7 @@ def test_stages_train_in_order_resume_and_measure_on_held_out_files(tmp_path):
     digest = hashlib.sha256((final / "model.safetensors").read_bytes()).hexdigest()
     assert report["sha256"]["model.safetensors"] == digest
     assert json.loads((final / REPORT_NAME).read_text())["command"] == "test"
-    assert set(report["held_out"]) == {"quote_line", "error_name", "quote_line_in_episode"}
+    assert set(report["held_out"]) == {"quote_line", "error_name", "edit_line", "quote_line_in_episode"}
     assert all(a["n"] == 4 and 0.0 <= a["accuracy"] <= 1.0 for a in report["held_out"].values())
     assert report["held_out"]["quote_line_in_episode"]["action_spec"] == "brief"
     assert report["init"]["checkpoint"] == "scratch"
