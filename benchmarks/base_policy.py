@@ -11,7 +11,9 @@
    every `<search>` text occurs in the file; `fix_unseen` = share whose hidden tests pass after the action
    (the sandbox judges); `fix_baseline` = the same for the most frequent training response applied to every
    held-out task, so that a frequent guess never passes for repair. 95% Wilson intervals over tasks. Where
-   search texts fail, sorted (`search_outcome`): invalid action, indentation, near copy, drift.
+   search texts fail, sorted (`search_outcome`): invalid action, indentation, near copy, drift; and
+   `named line quoted`: with each task's demonstrated think (which names line K) and edit header forced,
+   the share whose search text the policy then writes is line K verbatim (`named_line_quoted`).
 
 The repair tasks show the visible tests' failing run, as `didpo tasks make-repair` makes them
 (`--bare-tasks`: the code only). `--split-by instance` holds out unseen bugs of the training programs instead
@@ -121,6 +123,45 @@ def search_outcome(workspace, text: str) -> str:
     return "near copy" if close >= 0.8 else "drift"
 
 
+SEARCH_OPEN = "<search>\n"
+
+
+def forced_search(row) -> tuple[str, str]:
+    """(the demonstration up to its first search text: the think naming the line and the edit header, that
+    search text): forcing the first and asking for the second separates quoting the line one named from
+    choosing it."""
+    text = row.response_text
+    start = text.index(SEARCH_OPEN) + len(SEARCH_OPEN)
+    return text[:start], text[start:text.index("\n</search>", start)]
+
+
+def named_line_quoted(checkpoint, tasks, tokenizer, episode, seed: int) -> tuple[int, int]:
+    """(held-out tasks whose named line the policy quotes verbatim, tasks asked): each task's demonstration is
+    forced up to its search text (`forced_search`), then the policy writes on greedily."""
+    import torch
+
+    from pipeline.policy.generation import GenerationRequest
+    from pipeline.policy.handlers import load_generator
+    from pipeline.policy.settings import PolicySettings
+    from training.demonstrations import sft_examples
+
+    rows = [r for r in sft_examples(tasks, tokenizer, episode, seed=seed, mix={"edit": 1.0}, finish_rate=0.0,
+                                    episodes_per_task=1) if r.kind == "edit" and r.turn == 0]
+    forced = [forced_search(r) for r in rows]
+    requests = []
+    for i, (row, (head, _)) in enumerate(zip(rows, forced, strict=True)):
+        ids = [*row.prompt_ids, *tokenizer(head, add_special_tokens=False)["input_ids"]]
+        requests.append(GenerationRequest(row.task_id, ids, seed + i))
+    longest = max(len(tokenizer(want, add_special_tokens=False)["input_ids"]) for _, want in forced)
+    generator = load_generator(PolicySettings(checkpoint=str(checkpoint), temperature=0.0,
+                                              max_new_tokens=longest + 8), batch_invariant=False)
+    with torch.random.fork_rng(devices=[]):
+        results = [x for lo in range(0, len(requests), 8) for x in generator.generate(requests[lo:lo + 8])]
+    hits = sum(x.response_text.split("\n</search>")[0] == want
+               for x, (_, want) in zip(results, forced, strict=True))
+    return hits, len(rows)
+
+
 def _fixes(tasks, responses, judge, max_file_bytes: int) -> tuple[int, int]:
     """(tasks whose action is valid with every search text in its file, tasks fixed) for one response each."""
     from pipeline.agent.grammar import InvalidAction, apply_action, parse_response
@@ -215,6 +256,7 @@ def main() -> None:
         found, fixed = _fixes(held, ev["responses"], judge, episode.max_file_bytes)
         frequent, count = Counter(r.response_text for r in rows[:demonstrations]).most_common(1)[0]
         _, baseline = _fixes(held, [frequent] * len(held), judge, episode.max_file_bytes)
+        named, asked = named_line_quoted(sft_dir, held, tokenizer, episode, args.seed)
     n = len(held)
     print(f"after repair SFT ({demonstrations} demonstrations, {len(rows) - demonstrations} copy rows, "
           f"{args.sft_steps} steps at lr {args.lr}), greedy on {n} held-out tasks "
@@ -225,12 +267,14 @@ def main() -> None:
     print(f"  baseline fixed {_share(baseline, n)} (the most frequent training response, {count} times)")
     outcomes = Counter(search_outcome(t.workspace, r) for t, r in zip(held, ev["responses"], strict=True))
     print("  search texts   " + ", ".join(f"{k} {outcomes[k]}" for k in SEARCH_OUTCOMES))
+    print(f"  named line quoted {_share(named, asked)} (the demonstration's think and edit header forced)")
     result = {"params": params, "copy_acc": copy["quote_line"]["accuracy"],
               "error_name": copy["error_name"]["accuracy"],
               "edit_line": copy["edit_line"]["accuracy"],
               "quote_line_in_episode": copy["quote_line_in_episode"]["accuracy"],
               "search_found": found / n, "fix_unseen": fixed / n,
               "search_outcomes": {k: outcomes[k] for k in SEARCH_OUTCOMES},
+              "named_line_quoted": named / asked,
               "fix_baseline": baseline / n, "held_out": n, "split_by": args.split_by,
               "failure_shown": not args.bare_tasks, "seed": args.seed,
               "families": list(families),

@@ -3,6 +3,8 @@ task in the sandbox; a response that edits nothing real finds and fixes none; th
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from builders import load_benchmark
 
@@ -59,6 +61,15 @@ def test_demonstrated_fixes_score_full_and_a_wrong_edit_scores_nothing(bench, tm
                             mix={"edit": 1.0}, finish_rate=0.0)
         first = {r.task_id: r.response_text for r in rows if r.kind == "edit" and r.turn == 0}
         assert set(first) == {t.task_id for t in tasks}
+        edits = {r.task_id: r for r in rows if r.kind == "edit" and r.turn == 0}
+        for task in tasks:  # the forced head names the line; the search text is the demonstration's, in the file
+            head, want = bench.forced_search(edits[task.task_id])
+            assert head.endswith("<search>\n") and re.search(r"line \d+", head.split("</think>")[0], re.I)
+            assert edits[task.task_id].response_text.startswith(f"{head}{want}\n</search>")
+            assert want and want in task.workspace["solution.py"]
+        named, asked = bench.named_line_quoted(tiny_policy, tasks, load_tokenizer(tiny_policy),
+                                               EpisodeSettings(action_spec="brief"), 0)
+        assert asked == len(tasks) and 0 <= named <= asked
         found, fixed = bench._fixes(tasks, [first[t.task_id] for t in tasks], judge, 256 * 1024)
         assert (found, fixed) == (len(tasks), len(tasks))
         wrong = "<think>x</think>\n<edit>\n<file>solution.py</file>\n<search>no such text</search>\n" \
