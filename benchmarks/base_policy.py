@@ -95,17 +95,14 @@ def _repair_tasks(args, work: Path, judge, families: tuple[str, ...]):
 SEARCH_OUTCOMES = ("found", "invalid", "no edit", "indentation", "near copy", "drift")
 
 
-def search_outcome(workspace, text: str) -> str:
-    """Where one response's search text stands against its file: `found` (a valid edit whose every search text
-    occurs, none for a whole-file write), `invalid` (no valid action), `no edit` (run_tests or finish), else
-    the first search text not found is `indentation` (each of its lines is a line of the file but for the
-    blanks around it), a `near copy` (its first line at difflib ratio >= 0.8 to a line of the file: a
-    character or two lost) or a `drift` (a copy that wanders off every line of the file)."""
+def search_outcome(workspace, action) -> str:
+    """Where one parsed response's search text stands against its file: `found` (a valid edit whose every
+    search text occurs, none for a whole-file write), `invalid` (no valid action), `no edit` (run_tests or
+    finish), else the first search text not found is `indentation` (each of its lines is a line of the file
+    but for the blanks around it), a `near copy` (its first line at difflib ratio >= 0.8 to a line of the
+    file: a character or two lost) or a `drift` (a copy that wanders off every line of the file)."""
     import difflib
 
-    from pipeline.agent.grammar import parse_response
-
-    action = parse_response(text)
     if not action.ok:
         return "invalid"
     if action.kind in ("run_tests", "finish"):
@@ -138,44 +135,36 @@ def forced_search(row) -> tuple[str, str]:
 def named_line_quoted(checkpoint, tasks, tokenizer, episode, seed: int) -> tuple[int, int]:
     """(held-out tasks whose named line the policy quotes verbatim, tasks asked): each task's demonstration is
     forced up to its search text (`forced_search`), then the policy writes on greedily."""
-    import torch
-
-    from pipeline.policy.generation import GenerationRequest
-    from pipeline.policy.handlers import load_generator
-    from pipeline.policy.settings import PolicySettings
     from training.demonstrations import sft_examples
+    from training.pretrain import greedy_responses
 
     rows = [r for r in sft_examples(tasks, tokenizer, episode, seed=seed, mix={"edit": 1.0}, finish_rate=0.0,
                                     episodes_per_task=1) if r.kind == "edit" and r.turn == 0]
     forced = [forced_search(r) for r in rows]
-    requests = []
-    for i, (row, (head, _)) in enumerate(zip(rows, forced, strict=True)):
-        ids = [*row.prompt_ids, *tokenizer(head, add_special_tokens=False)["input_ids"]]
-        requests.append(GenerationRequest(row.task_id, ids, seed + i))
+    prompts = [[*row.prompt_ids, *tokenizer(head, add_special_tokens=False)["input_ids"]]
+               for row, (head, _) in zip(rows, forced, strict=True)]
     longest = max(len(tokenizer(want, add_special_tokens=False)["input_ids"]) for _, want in forced)
-    generator = load_generator(PolicySettings(checkpoint=str(checkpoint), temperature=0.0,
-                                              max_new_tokens=longest + 8), batch_invariant=False)
-    with torch.random.fork_rng(devices=[]):
-        results = [x for lo in range(0, len(requests), 8) for x in generator.generate(requests[lo:lo + 8])]
-    hits = sum(x.response_text.split("\n</search>")[0] == want
-               for x, (_, want) in zip(results, forced, strict=True))
+    texts = greedy_responses(checkpoint, prompts, max_new_tokens=longest + 8, seed=seed)
+    hits = sum(text.split("\n</search>")[0] == want for text, (_, want) in zip(texts, forced, strict=True))
     return hits, len(rows)
 
 
-def _fixes(tasks, responses, judge, max_file_bytes: int) -> tuple[int, int]:
-    """(tasks whose action is valid with every search text in its file, tasks fixed) for one response each."""
+def _fixes(tasks, responses, judge, max_file_bytes: int) -> tuple[Counter, int]:
+    """(where each response's search text stands, `search_outcome` counted; tasks fixed) for one response each."""
     from pipeline.agent.grammar import InvalidAction, apply_action, parse_response
 
-    found = fixed = 0
+    outcomes: Counter = Counter()
+    fixed = 0
     for task, text in zip(tasks, responses, strict=True):
-        outcome = search_outcome(task.workspace, text)
+        action = parse_response(text)
+        outcome = search_outcome(task.workspace, action)
+        outcomes[outcome] += 1
         if outcome in ("invalid", "no edit"):
             continue
-        found += outcome == "found"
-        files = apply_action(parse_response(text), task.workspace, max_file_bytes=max_file_bytes)
+        files = apply_action(action, task.workspace, max_file_bytes=max_file_bytes)
         if not isinstance(files, InvalidAction) and judge.run(task, files, hidden=True).status == "passed":
             fixed += 1
-    return found, fixed
+    return outcomes, fixed
 
 
 def main() -> None:
@@ -253,7 +242,8 @@ def main() -> None:
                                                    seed=args.seed))
         policy = PolicySettings(checkpoint=str(sft_dir), temperature=0.0, max_new_tokens=384)
         ev = evaluate_actions(sft_dir, held, episode, policy, seed=args.seed)
-        found, fixed = _fixes(held, ev["responses"], judge, episode.max_file_bytes)
+        outcomes, fixed = _fixes(held, ev["responses"], judge, episode.max_file_bytes)
+        found = outcomes["found"]
         frequent, count = Counter(r.response_text for r in rows[:demonstrations]).most_common(1)[0]
         _, baseline = _fixes(held, [frequent] * len(held), judge, episode.max_file_bytes)
         named, asked = named_line_quoted(sft_dir, held, tokenizer, episode, args.seed)
@@ -265,7 +255,6 @@ def main() -> None:
     print(f"  search found   {_share(found, n)}")
     print(f"  fixed          {_share(fixed, n)}")
     print(f"  baseline fixed {_share(baseline, n)} (the most frequent training response, {count} times)")
-    outcomes = Counter(search_outcome(t.workspace, r) for t, r in zip(held, ev["responses"], strict=True))
     print("  search texts   " + ", ".join(f"{k} {outcomes[k]}" for k in SEARCH_OUTCOMES))
     print(f"  named line quoted {_share(named, asked)} (the demonstration's think and edit header forced)")
     result = {"params": params, "copy_acc": copy["quote_line"]["accuracy"],

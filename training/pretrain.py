@@ -318,18 +318,32 @@ def answered(kind: str, got: str, want: str) -> bool:
             and action.edits[0].search == wanted.edits[0].search)
 
 
+def greedy_responses(checkpoint: Any, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, seed: int,
+                     batch_size: int = 8, device: str = "cpu") -> list[str]:
+    """The checkpoint's greedy response text to each tokenized prompt (request i seeded `seed + i`), in batches,
+    leaving torch's global random state as it was."""
+    import torch
+
+    from pipeline.policy.generation import GenerationRequest
+    from pipeline.policy.handlers import load_generator
+    from pipeline.policy.settings import PolicySettings
+
+    settings = PolicySettings(checkpoint=str(checkpoint), temperature=0.0, max_new_tokens=max_new_tokens,
+                              device=device)
+    generator = load_generator(settings, batch_invariant=False)
+    requests = [GenerationRequest(str(i), list(ids), seed + i) for i, ids in enumerate(prompts)]
+    with torch.random.fork_rng(devices=[]):
+        return [r.response_text for lo in range(0, len(requests), batch_size)
+                for r in generator.generate(requests[lo:lo + batch_size])]
+
+
 def copy_accuracy(checkpoint: Any, files: Sequence[tuple[str, str]], *, n: int, seed: int,
                   kind: str = "quote_line", batch_size: int = 8, device: str = "cpu",
                   action_spec: str | None = None) -> dict[str, Any]:
     """Greedy answers to `n` seeded questions of `kind` on `files`: the share `answered`, with a few
     (expected, got) samples. With `action_spec`, each question comes after the
     episode's system message in that wording, as repairs do."""
-    import torch
-
-    from pipeline.policy.generation import GenerationRequest
-    from pipeline.policy.handlers import load_generator
     from pipeline.policy.loading import load_tokenizer
-    from pipeline.policy.settings import PolicySettings
 
     tokenizer = load_tokenizer(checkpoint)
     rng = random.Random(seed)
@@ -341,14 +355,11 @@ def copy_accuracy(checkpoint: Any, files: Sequence[tuple[str, str]], *, n: int, 
             asks.append(prompt_ids(tokenizer, task[0], action_spec and system_prompt(action_spec)))
             answers.append(task[1])
     longest = max(len(tokenizer(a, add_special_tokens=False)["input_ids"]) for a in answers)
-    settings = PolicySettings(checkpoint=str(checkpoint), temperature=0.0, max_new_tokens=longest + 8, device=device)
-    generator = load_generator(settings, batch_invariant=False)
-    requests = [GenerationRequest(str(i), list(ids), seed + i) for i, ids in enumerate(asks)]
-    with torch.random.fork_rng(devices=[]):
-        results = [r for lo in range(0, n, batch_size) for r in generator.generate(requests[lo:lo + batch_size])]
-    got = [r.response_text.strip() for r in results]
+    got = [text.strip() for text in greedy_responses(checkpoint, asks, max_new_tokens=longest + 8, seed=seed,
+                                                     batch_size=batch_size, device=device)]
     hits = [answered(kind, g, a) for g, a in zip(got, answers, strict=True)]
-    return {"n": n, "kind": kind, "action_spec": action_spec, "accuracy": sum(hits) / n, "samples": list(zip(answers, got, strict=True))[:5]}
+    return {"n": n, "kind": kind, "action_spec": action_spec, "accuracy": sum(hits) / n,
+            "samples": list(zip(answers, got, strict=True))[:5]}
 
 
 def held_out_abilities(checkpoint: Any, files: Sequence[tuple[str, str]], *, n: int, seed: int,
@@ -401,6 +412,7 @@ def pretrain(settings: Any, work_dir: Any, *, command: str = "") -> dict[str, An
     from pipeline.assets import resolve_checkpoint
     from pipeline.policy.loading import check_checkpoint, checkpoint_parameters, load_tokenizer
     from pipeline.policy.tiny import ensure_checkpoint
+    from pipeline.schema import atomic_write
     from pipeline.tasks.settings import resolve_tasks
     from training.sft import REPORT_NAME as SFT_REPORT
     from training.sft import train_sft
@@ -429,7 +441,7 @@ def pretrain(settings: Any, work_dir: Any, *, command: str = "") -> dict[str, An
                              f"{start['sha256'][:12]}...): choose another --out")
     else:
         started.parent.mkdir(parents=True, exist_ok=True)
-        started.write_text(json.dumps(start) + "\n")
+        atomic_write(started, lambda tmp: Path(tmp).write_text(json.dumps(start) + "\n"))
     tokenizer = load_tokenizer(previous)
     stages = []
     for i, stage in enumerate(settings.stages, start=1):

@@ -9,6 +9,7 @@ import pytest
 from builders import load_benchmark
 
 from pipeline.agent import EpisodeSettings
+from pipeline.agent.grammar import parse_response
 from pipeline.policy.loading import load_tokenizer
 from pipeline.sandbox import Judge, SandboxPool, SandboxSettings
 from pipeline.tasks import load_source
@@ -42,7 +43,8 @@ def test_search_outcomes_sort_where_a_search_text_fails(bench):
         "invalid": "<think>\nx\n</think>\n<edit>",
         "no edit": "<think>\nx\n</think>\n<run_tests/>",
     }
-    assert {k: bench.search_outcome(workspace, text) for k, text in cases.items()} == {k: k for k in cases}
+    outcomes = {k: bench.search_outcome(workspace, parse_response(text)) for k, text in cases.items()}
+    assert outcomes == {k: k for k in cases}
     assert set(cases) == set(bench.SEARCH_OUTCOMES)
 
 
@@ -59,9 +61,9 @@ def test_demonstrated_fixes_score_full_and_a_wrong_edit_scores_nothing(bench, tm
         tasks = load_source("repair", tmp_path / "r.jsonl")
         rows = sft_examples(tasks, load_tokenizer(tiny_policy), EpisodeSettings(action_spec="brief"), seed=0,
                             mix={"edit": 1.0}, finish_rate=0.0)
-        first = {r.task_id: r.response_text for r in rows if r.kind == "edit" and r.turn == 0}
-        assert set(first) == {t.task_id for t in tasks}
         edits = {r.task_id: r for r in rows if r.kind == "edit" and r.turn == 0}
+        assert set(edits) == {t.task_id for t in tasks}
+        first = {task_id: r.response_text for task_id, r in edits.items()}
         for task in tasks:  # the forced head names the line; the search text is the demonstration's, in the file
             head, want = bench.forced_search(edits[task.task_id])
             assert head.endswith("<search>\n") and re.search(r"line \d+", head.split("</think>")[0], re.I)
@@ -70,8 +72,9 @@ def test_demonstrated_fixes_score_full_and_a_wrong_edit_scores_nothing(bench, tm
         named, asked = bench.named_line_quoted(tiny_policy, tasks, load_tokenizer(tiny_policy),
                                                EpisodeSettings(action_spec="brief"), 0)
         assert asked == len(tasks) and 0 <= named <= asked
-        found, fixed = bench._fixes(tasks, [first[t.task_id] for t in tasks], judge, 256 * 1024)
-        assert (found, fixed) == (len(tasks), len(tasks))
+        outcomes, fixed = bench._fixes(tasks, [first[t.task_id] for t in tasks], judge, 256 * 1024)
+        assert (outcomes["found"], fixed) == (len(tasks), len(tasks))
         wrong = "<think>x</think>\n<edit>\n<file>solution.py</file>\n<search>no such text</search>\n" \
                 "<replace>y</replace>\n</edit>\n"
-        assert bench._fixes(tasks, [wrong] * len(tasks), judge, 256 * 1024) == (0, 0)
+        outcomes, fixed = bench._fixes(tasks, [wrong] * len(tasks), judge, 256 * 1024)
+        assert (outcomes["found"], fixed) == (0, 0)
