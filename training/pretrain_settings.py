@@ -114,6 +114,9 @@ class PretrainSettings(BaseModel):
     )
     stages: tuple[PretrainStage, ...] = Field(DEFAULT_STAGES, min_length=1, description="trained in order")
     eval_questions: int = Field(200, ge=1, description="held-out questions per ability measured at the end")
+    save_every: int = Field(
+        200, ge=0, description="save a stage's train state every N steps, so a killed run resumes inside the stage "
+        "it was in (finished stages are always reused); 0 = at each stage's end only")
     device: str = Field("cpu", description="where the stages train: cpu, or cuda / cuda:N (docs/pretraining.md, "
                         "'On a GPU'); the rows, batches and steps are the same")
 

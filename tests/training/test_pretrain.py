@@ -332,6 +332,39 @@ def test_stages_train_in_order_resume_and_measure_on_held_out_files(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_run_killed_inside_a_stage_resumes_there_and_trains_the_same_steps(tmp_path, monkeypatch):
+    import training.loop as loop
+    from pipeline.tasks.settings import TaskSourceSpec, TasksSettings
+
+    settings = PretrainSettings(
+        size="tiny", seed=2, eval_questions=2, save_every=2,
+        tasks=TasksSettings(train=(TaskSourceSpec(source="mbpp", split="train", limit=6),),
+                            eval=(TaskSourceSpec(source="mbpp", split="test", limit=2),)),
+        stages=(PretrainStage(name="short", mix={"quote_line": 1.0}, steps=5, warmup_steps=1,
+                              max_tokens_per_batch=512, max_file_lines=12),))
+    whole = pretrain(settings, tmp_path / "whole", command="test")
+    real = loop.save_state
+
+    def killed_at_step_four(store, state_dir, step, *args, **kwargs):
+        if step >= 4:  # the process dies after step 4, before anything of it is saved
+            raise KeyboardInterrupt
+        real(store, state_dir, step, *args, **kwargs)
+
+    def stage_report(out):
+        return json.loads((out / "stages" / "1-short" / "sft_report.json").read_text())
+
+    for every, resumed_from in ((2, 2), (0, None)):  # without saves inside the stage, it starts over
+        out = tmp_path / f"killed{every}"
+        monkeypatch.setattr(loop, "save_state", killed_at_step_four)
+        with pytest.raises(KeyboardInterrupt):
+            pretrain(settings.model_copy(update={"save_every": every}), out, command="test")
+        monkeypatch.setattr(loop, "save_state", real)
+        again = pretrain(settings.model_copy(update={"save_every": every}), out, command="test")
+        assert stage_report(out)["resumed_from_step"] == resumed_from and again["stages"][0]["steps"] == 5
+        assert again["stages"][0]["final_loss"] == pytest.approx(whole["stages"][0]["final_loss"], rel=1e-4)
+
+
+@pytest.mark.slow
 def test_a_short_default_recipe_builds_a_base_a_pipeline_round_starts_from(tmp_path):
     """The shipped base's recipe (every default stage, a few steps each, the tiny size, few files), then a
     pipeline round whose policy is that base: the path `make demo` takes from models/base."""
