@@ -158,6 +158,11 @@ def _think(key: str, rng: random.Random, **values: Any) -> str:
     return rng.choice(_THINK[key]).format(**values) + "\n"
 
 
+def bug_think(rng: random.Random, *, path: str, name: str, line: int) -> str:
+    """A repair demonstration's think: which line (1-based) of `path` it fixes, in one of its wordings."""
+    return _think("bug", rng, path=path, name=name, line=line)
+
+
 def _action(kind: str, think: str, edits: Sequence[Edit]) -> str:
     return render_action(Action(kind, think, (0, 0), tuple(edits)))  # type: ignore[arg-type]
 
@@ -199,7 +204,7 @@ def _first_turn(kind: str, task: Task, target: dict[str, str], rng: random.Rando
     if kind == "edit":
         edits = _edit_edits(before, target)
         if "bugs" in task.meta:  # a repair task: say where the bug is, not that a body is missing
-            think = _think("bug", rng, **{**values, "line": _first_line(before, edits[0])})
+            think = bug_think(rng, path=values["path"], name=values["name"], line=_first_line(before, edits[0]))
         else:
             think = _think("edit", rng, **values)
         return _action("edit", think, edits), "edit", None

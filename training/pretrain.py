@@ -35,11 +35,19 @@ from collections.abc import Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
-from pipeline.agent.episode import render_file, system_prompt
+from pipeline.agent.episode import render_file, system_prompt, user_message
 from pipeline.agent.grammar import ACTION_SPECS, Action, parse_response, render_action
+from pipeline.agent.settings import EpisodeSettings
 from pipeline.assets import PRETRAIN_REPORT
 from pipeline.tasks.base import Task
-from training.demonstrations import SftExample, generation_header, mutate_line, search_replace_edits
+from pipeline.tasks.repair import bugs_note
+from training.demonstrations import (
+    SftExample,
+    bug_think,
+    generation_header,
+    mutate_line,
+    search_replace_edits,
+)
 from training.pretrain_settings import PRETRAIN_KINDS, REHEARSAL_MIX
 
 DEFAULT_PRETRAIN_MIX = MappingProxyType(
@@ -107,6 +115,11 @@ def copy_task(kind: str, path: str, text: str, rng: random.Random) -> tuple[str,
     if mutated is None:
         return None
     new_text, n = mutated
+    if kind == "fix_line":  # a repair turn: the file with one bug of the catalogue, fixed by naming and quoting its line
+        fix = tuple(search_replace_edits(path, new_text, text))
+        name = next(iter(re.findall(r"^\s*def (\w+)", text, flags=re.M)), path)
+        action = Action("edit", bug_think(rng, path=path, name=name, line=n + 1), (0, 0), fix)
+        return user_message(bugs_note(path, 1), {path: new_text}, EpisodeSettings(), visible_total=1), render_action(action)
     edits = search_replace_edits(path, text, new_text)
     if kind == "edit_line":
         new_line = new_text.splitlines()[n]
@@ -290,8 +303,9 @@ def pretrain_examples(files: Sequence[tuple[str, str]], tokenizer: Any, *, n: in
             continue
         message, response = task
         # drawn only when asked for, so that rows without system messages stay those of earlier recipes
+        # a fix_line row is an episode's first turn: always after its system message
         system = (system_prompt(rng.choice(sorted(ACTION_SPECS)))
-                  if system_share and rng.random() < system_share else None)
+                  if kind == "fix_line" or (system_share and rng.random() < system_share) else None)
         prompt = prompt_ids(tokenizer, message, system)
         response_ids = (*tokenizer(response, add_special_tokens=False)["input_ids"], eos)
         if len(prompt) + len(response_ids) <= max_tokens:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import difflib
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -112,6 +112,26 @@ def system_prompt(action_spec: str) -> str:
             "After each change the visible tests run and you see their result.\n\n" + ACTION_SPECS[action_spec])
 
 
+def user_message(instructions: str, files: Mapping[str, str], cfg: EpisodeSettings, *,
+                 focus: Mapping[str, int] | None = None, history: Sequence[Turn] = (), turn: int = 0,
+                 visible_passed: int = 0, visible_total: int = 0) -> str:
+    """The user message of a turn: the task, the workspace's files, the last turns and the status."""
+    focus = focus or {}
+    parts = [f"# Task\n{instructions.strip()}\n", "# Workspace"]
+    for path in sorted(files):
+        parts.append(render_file(path, files[path], cfg.elide_lines, focus.get(path)))
+    if history:
+        parts.append(f"# Last {len(history[-cfg.history_turns:])} turn(s)" if cfg.history_turns else "")
+        for t in history[-cfg.history_turns:] if cfg.history_turns else ():
+            parts.append(f"## Turn {t.index + 1}\nAction:\n{t.action_text}\nObservation:\n{t.observation}")
+    parts.append(
+        f"# Status\nTurn {turn + 1} of {cfg.max_turns}. Visible tests: {visible_passed}/{visible_total} "
+        f"passed so far." + (f" finish is allowed from turn {cfg.min_turns_before_finish}."
+                             if cfg.min_turns_before_finish > 1 else "")
+    )
+    return "\n\n".join(p for p in parts if p)
+
+
 class Episode:
     def __init__(self, task: Task, executor: Executor, settings: EpisodeSettings | None = None,
                  tokenizer: Any = None):
@@ -131,21 +151,11 @@ class Episode:
 
     # ----------------------------------------------------------------------------------------- prompt
     def prompt_messages(self) -> list[dict[str, str]]:
-        s, cfg = self.state, self.settings
-        system = system_prompt(cfg.action_spec)
-        parts = [f"# Task\n{s.task.instructions.strip()}\n", "# Workspace"]
-        for path in sorted(s.files):
-            parts.append(render_file(path, s.files[path], cfg.elide_lines, s.focus.get(path)))
-        if s.history:
-            parts.append(f"# Last {len(s.history[-cfg.history_turns:])} turn(s)" if cfg.history_turns else "")
-            for t in s.history[-cfg.history_turns:] if cfg.history_turns else ():
-                parts.append(f"## Turn {t.index + 1}\nAction:\n{t.action_text}\nObservation:\n{t.observation}")
-        parts.append(
-            f"# Status\nTurn {s.turn + 1} of {cfg.max_turns}. Visible tests: {s.visible_passed}/{s.visible_total} "
-            f"passed so far." + (f" finish is allowed from turn {cfg.min_turns_before_finish}."
-                                 if cfg.min_turns_before_finish > 1 else "")
-        )
-        return [{"role": "system", "content": system}, {"role": "user", "content": "\n\n".join(p for p in parts if p)}]
+        s = self.state
+        user = user_message(s.task.instructions, s.files, self.settings, focus=s.focus, history=s.history,
+                            turn=s.turn, visible_passed=s.visible_passed, visible_total=s.visible_total)
+        return [{"role": "system", "content": system_prompt(self.settings.action_spec)},
+                {"role": "user", "content": user}]
 
     def render_prompt(self, tokenizer: Any = None) -> str:
         """The prompt text through the tokenizer's chat template (ChatML if it has none)."""

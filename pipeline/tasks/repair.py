@@ -228,6 +228,11 @@ def _main_file(task: Task) -> str | None:
     return py[0] if len(py) == 1 else None
 
 
+def bugs_note(path: str, count: int) -> str:
+    """What a repair task says about its bugs (never where they are)."""
+    return f"The code in {path} has {count} bug{'s' if count > 1 else ''}: fix {'them' if count > 1 else 'it'}."
+
+
 def build_task(source_task: Task, recipe: RepairRecipe) -> Task:
     """The repair task of `recipe`: the source's reference with the bugs, its tests, its instructions with a
     note that the code has bugs; the bugs go to `meta` (never rendered into a prompt)."""
@@ -236,8 +241,7 @@ def build_task(source_task: Task, recipe: RepairRecipe) -> Task:
     workspace = {p: t if t.endswith("\n") or not t else t + "\n" for p, t in source_task.reference.items()}
     text = workspace[recipe.path]
     workspace[recipe.path] = apply_bugs(text, recipe.bugs)
-    count = len(recipe.bugs)
-    note = f"The code in {recipe.path} has {count} bug{'s' if count > 1 else ''}: fix {'them' if count > 1 else 'it'}."
+    note = bugs_note(recipe.path, len(recipe.bugs))
     if recipe.failure:
         note += f"\n\nThe visible tests on it:\n{recipe.failure}"
     meta = dict(source_task.meta)

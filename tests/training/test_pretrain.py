@@ -3,6 +3,7 @@ seeded, bounded and never drawn from held-out tasks; the copy check scores a ver
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import re
@@ -92,6 +93,35 @@ def test_an_edit_line_answer_counts_when_its_search_text_is_line_n():
     assert not answered("edit_line", think_only, want) and not answered("edit_line", "", want)
     # quoting kinds stay verbatim, ends ignored
     assert answered("quote_line", "  total = 0 \n", "    total = 0") and not answered("quote_line", "total", "total = 0")
+
+
+def test_fix_line_is_a_repair_turn_that_names_the_changed_line_and_quotes_it(tokenizer):
+    from pipeline.agent import EpisodeSettings
+    from pipeline.agent.episode import Episode
+    from pipeline.tasks.repair import bugs_note
+
+    named = set()
+    for message, answer in _draws("fix_line"):
+        shown = re.search(r"```\n(.*)```", message, re.S).group(1)
+        buggy = "".join(line.split("| ", 1)[1] + "\n" for line in shown.splitlines())
+        diff = [i for i, (a, b) in enumerate(zip(buggy.splitlines(), FILE.splitlines(), strict=True)) if a != b]
+        assert len(diff) == 1  # the shown file is FILE with one line changed
+        action = parse_response(answer)
+        line = int(re.search(r"line (\d+)", action.think, re.I).group(1))
+        assert line == diff[0] + 1  # the think names the changed line
+        assert action.edits[0].search.splitlines()[0] == buggy.splitlines()[line - 1]  # and quotes it
+        assert apply_action(action, {"solution.py": buggy}, max_file_bytes=1 << 20)["solution.py"] == FILE
+        named.add(line)
+        # the user message of a repair episode's first turn on that file
+        task = next(t for t in load_source("mbpp", split="train", limit=1))
+        task = dataclasses.replace(task, instructions=bugs_note("solution.py", 1), workspace={"solution.py": buggy})
+        episode = Episode(task, executor=None, settings=EpisodeSettings())
+        episode.state = dataclasses.replace(episode.state, visible_total=1)
+        assert message == episode.prompt_messages()[1]["content"]
+    assert len(named) > 2
+    # always after the episode's system message, whatever the share
+    rows = pretrain_examples([("solution.py", FILE)], tokenizer, n=5, seed=0, mix={"fix_line": 1.0}, max_tokens=2048)
+    assert rows and all("careful software engineer" in tokenizer.decode(r.prompt_ids) for r in rows)
 
 
 def test_apply_edit_answers_with_the_whole_file_after_the_shown_edit():
