@@ -117,7 +117,8 @@ def copy_task(kind: str, path: str, text: str, rng: random.Random) -> tuple[str,
     new_text, n = mutated
     if kind == "fix_line":  # a repair turn: the file with one bug of the catalogue, fixed by naming and quoting its line
         fix = tuple(search_replace_edits(path, new_text, text))
-        name = next(iter(re.findall(r"^\s*def (\w+)", text, flags=re.M)), path)
+        first_def = re.search(r"^\s*def (\w+)", text, flags=re.M)
+        name = first_def.group(1) if first_def else path
         action = Action("edit", bug_think(rng, path=path, name=name, line=n + 1), (0, 0), fix)
         return user_message(bugs_note(path, 1), {path: new_text}, EpisodeSettings(), visible_total=1), render_action(action)
     edits = search_replace_edits(path, text, new_text)

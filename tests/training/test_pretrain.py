@@ -101,6 +101,7 @@ def test_fix_line_is_a_repair_turn_that_names_the_changed_line_and_quotes_it(tok
     from pipeline.tasks.repair import bugs_note
 
     named = set()
+    source = next(t for t in load_source("mbpp", split="train", limit=1))  # read once: only its tests are used
     for message, answer in _draws("fix_line"):
         shown = re.search(r"```\n(.*)```", message, re.S).group(1)
         buggy = "".join(line.split("| ", 1)[1] + "\n" for line in shown.splitlines())
@@ -113,8 +114,7 @@ def test_fix_line_is_a_repair_turn_that_names_the_changed_line_and_quotes_it(tok
         assert apply_action(action, {"solution.py": buggy}, max_file_bytes=1 << 20)["solution.py"] == FILE
         named.add(line)
         # the user message of a repair episode's first turn on that file
-        task = next(t for t in load_source("mbpp", split="train", limit=1))
-        task = dataclasses.replace(task, instructions=bugs_note("solution.py", 1), workspace={"solution.py": buggy})
+        task = dataclasses.replace(source, instructions=bugs_note("solution.py", 1), workspace={"solution.py": buggy})
         episode = Episode(task, executor=None, settings=EpisodeSettings())
         episode.state = dataclasses.replace(episode.state, visible_total=1)
         assert message == episode.prompt_messages()[1]["content"]
