@@ -23,7 +23,8 @@ SFT keeps the base's copying; `--lr` and `--sft-steps` set the SFT.
 Last line: `base_policy: params=<n> copy_acc=<x> search_found=<x> fix_unseen=<x> fix_baseline=<x>`.
 Run: `.venv/bin/python benchmarks/base_policy.py [--base runs/base/final] [--tasks 300 --sft-steps 600]`;
 without a base checkpoint it pretrains one with the default recipe first (`didpo model pretrain`, about an
-hour on two cores; resumable). One run per call: repeat with --seed for intervals over seeds.
+hour on two cores; resumable). `--threads 2` uses both cores of a 2-core box (a `small` base: about 20
+minutes). One run per call: repeat with --seed for intervals over seeds.
 """
 
 from __future__ import annotations
@@ -187,6 +188,8 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--rehearse", type=float, default=0.0,
                     help="share of SFT rows that are pretraining copy rows (training/pretrain.py `rehearsal_examples`)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch CPU threads (1: what the figures in docs/pretraining.md used, unless they say)")
     args = ap.parse_args()
     try:
         families = parse_families(args.families)
@@ -195,7 +198,9 @@ def main() -> None:
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     import torch
 
-    torch.set_num_threads(1)
+    if args.threads < 1:
+        raise SystemExit(f"base_policy: --threads {args.threads}: must be at least 1")
+    torch.set_num_threads(args.threads)
     from pipeline.agent import EpisodeSettings
     from pipeline.policy.loading import checkpoint_parameters, load_tokenizer
     from pipeline.policy.settings import PolicySettings

@@ -50,13 +50,24 @@ def test_unknown_unrecorded_and_tampered_checkpoints_are_refused(shipped):
         PolicySettings(checkpoint="bundled:tiny")
 
 
-def test_the_shipped_base_matches_its_recorded_hash_and_loads():
-    """models/base as committed: the weights hash to what its report records, and they load as a policy."""
+SHIPPED = sorted(p.name for p in assets.asset_dir("models").iterdir() if (p / "model.safetensors").is_file())
+
+
+def test_the_default_base_is_shipped():
+    assert "base" in SHIPPED  # configs/local.yaml's policy.checkpoint: bundled:base
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_each_shipped_checkpoint_matches_its_recorded_hash_and_loads(name):
+    """models/NAME as committed: the weights hash to what its report records, they load as a policy, and its
+    model card names the command and seed that made it."""
     assets._verified.cache_clear()
-    folder = assets.resolve_checkpoint("bundled:base")  # raises on a hash mismatch or a Git LFS pointer
-    report = json.loads((assets.asset_dir("models") / "base" / assets.PRETRAIN_REPORT).read_text())
-    digest = hashlib.sha256((assets.asset_dir("models") / "base" / "model.safetensors").read_bytes()).hexdigest()
+    folder = assets.resolve_checkpoint(f"bundled:{name}")  # raises on a hash mismatch or a Git LFS pointer
+    report = json.loads((assets.asset_dir("models") / name / assets.PRETRAIN_REPORT).read_text())
+    digest = hashlib.sha256((assets.asset_dir("models") / name / "model.safetensors").read_bytes()).hexdigest()
     assert digest == report["sha256"]["model.safetensors"]
-    assert report["settings"]["seed"] == 0 and report["command"].startswith("didpo model pretrain")
+    assert report["command"].startswith("didpo model pretrain")
+    card = (assets.asset_dir("models") / name / "README.md").read_text()
+    assert f"seed {report['settings']['seed']}" in card and "didpo model pretrain" in card
     model = load_policy(folder)
     assert sum(p.numel() for p in model.parameters()) == report["parameters"] == checkpoint_parameters(folder)
