@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -62,12 +63,13 @@ def test_each_shipped_checkpoint_matches_its_recorded_hash_and_loads(name):
     """models/NAME as committed: the weights hash to what its report records, they load as a policy, and its
     model card names the command and seed that made it."""
     assets._verified.cache_clear()
-    folder = assets.resolve_checkpoint(f"bundled:{name}")  # raises on a hash mismatch or a Git LFS pointer
-    report = json.loads((assets.asset_dir("models") / name / assets.PRETRAIN_REPORT).read_text())
-    digest = hashlib.sha256((assets.asset_dir("models") / name / "model.safetensors").read_bytes()).hexdigest()
+    folder = Path(assets.resolve_checkpoint(f"bundled:{name}"))  # raises on a hash mismatch or a Git LFS pointer
+    assert folder == assets.asset_dir("models") / name
+    report = json.loads((folder / assets.PRETRAIN_REPORT).read_text())
+    digest = hashlib.sha256((folder / "model.safetensors").read_bytes()).hexdigest()
     assert digest == report["sha256"]["model.safetensors"]
     assert report["command"].startswith("didpo model pretrain")
-    card = (assets.asset_dir("models") / name / "README.md").read_text()
+    card = (folder / "README.md").read_text()
     assert f"seed {report['settings']['seed']}" in card and "didpo model pretrain" in card
     model = load_policy(folder)
     assert sum(p.numel() for p in model.parameters()) == report["parameters"] == checkpoint_parameters(folder)
