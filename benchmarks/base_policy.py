@@ -3,7 +3,9 @@
 1. Copying (the base, before any SFT), greedy, on held-out files (MBPP test solutions, never pretrained on):
    `quote_line` (quote line N of the shown file), `error_name` (repeat the name a NameError names),
    `edit_line` (asked to change line N, an action whose search text is line N verbatim), and
-   `quote_line_in_episode`: the quote_line questions after the episode's system message, as repairs are asked.
+   `quote_line_in_episode`: the quote_line questions after the episode's system message, as repairs are asked,
+   and `induction_repeats`: random ids of a few distinct tokens copied whole, where the token or two before a
+   position do not say what comes next (no file: the copy a drifting line lacks).
 2. Repair SFT: repair tasks minted from MBPP *test* programs (`pipeline.tasks.repair`, bugs the sandbox
    confirms, so pretraining saw none of these programs), split by program; one-action demonstrations on the
    train side (search/replace edits from the buggy file to the reference: `sft_examples` kind `edit`).
@@ -220,7 +222,12 @@ def main() -> None:
     copy = held_out_abilities(base, held_files, n=args.copy_questions, seed=args.seed)
     print(f"base {base}: {params:,} parameters", flush=True)
     for kind, res in copy.items():
-        print(f"  held-out {kind:<21} {_share(round(res['accuracy'] * res['n']), res['n'])}", flush=True)
+        where = "random  " if kind.startswith("induction") else "held-out"  # random ids: nothing was held out
+        print(f"  {where} {kind:<21} {_share(round(res['accuracy'] * res['n']), res['n'])}", flush=True)
+    leave = copy["quote_line"]["where_copies_leave"]
+    print(f"  quote_line copies that leave the line: {leave['left']}, {leave['left_ambiguous']} where the two "
+          f"tokens before also stand in the prompt followed by another ({leave['copied_ambiguous']} of "
+          f"{leave['copied']} positions copied right)", flush=True)
 
     episode = EpisodeSettings(action_spec="brief", max_response_tokens=384)
     with SandboxPool(SandboxSettings(pool_size=2)) as pool:
@@ -266,6 +273,8 @@ def main() -> None:
               "error_name": copy["error_name"]["accuracy"],
               "edit_line": copy["edit_line"]["accuracy"],
               "quote_line_in_episode": copy["quote_line_in_episode"]["accuracy"],
+              "induction_repeats": copy["induction_repeats"]["accuracy"],
+              "quote_line_leaves": leave,
               "search_found": found / n, "fix_unseen": fixed / n,
               "search_outcomes": {k: outcomes[k] for k in SEARCH_OUTCOMES},
               "named_line_quoted": named / asked,

@@ -11,6 +11,9 @@ shows files:
   induction   random token ids, eos                     -> the same ids, eos (no file, no chat; the copying
                                                            circuit forms here because nothing but copying
                                                            lowers the loss: docs/pretraining.md)
+  induction_repeats  the same, the ids drawn from 4-16 distinct tokens of the row: the token before (or the
+                     two before) also stands elsewhere, followed by another, so the copy needs a longer match;
+                     a file's line fails where it is ambiguous so (docs/pretraining.md, fourteenth series)
   code        the file itself, after the assistant header only (plain language modelling on code)
   quote_line  "Quote line N of PATH."                   -> that line, verbatim
   quote_many  "Quote lines N, M, ... of PATH"           -> each of them after its number ("N| line")
@@ -50,6 +53,9 @@ from training.demonstrations import (
 )
 from training.pretrain_settings import PRETRAIN_KINDS, REHEARSAL_MIX
 
+FILE_KINDS = tuple(k for k in PRETRAIN_KINDS if not k.startswith("induction"))  # the kinds asked about a file
+REPEATS_ALPHABET = (4, 16)  # distinct ids of an `induction_repeats` row: 16-64 ids make most of them recur
+
 DEFAULT_PRETRAIN_MIX = MappingProxyType(
     {"code": 0.2, "quote_line": 0.3, "error_name": 0.1, "edit_line": 0.3, "apply_edit": 0.1}
 )
@@ -88,8 +94,8 @@ def _shown(path: str, text: str) -> str:
 def copy_task(kind: str, path: str, text: str, rng: random.Random) -> tuple[str, str] | None:
     """(user message, response) of one synthetic task of `kind` on one file ("" message for `code`), or None
     when the file offers nothing for that kind (no non-blank line, no name, no line a mutation applies to)."""
-    if kind not in PRETRAIN_KINDS or kind == "induction":
-        raise ValueError(f"unknown pretraining kind {kind!r} for a file; allowed: {', '.join(PRETRAIN_KINDS[1:])}")
+    if kind not in FILE_KINDS:
+        raise ValueError(f"unknown pretraining kind {kind!r} for a file; allowed: {', '.join(FILE_KINDS)}")
     lines = text.splitlines()
     filled = [i for i, line in enumerate(lines) if line.strip()]
     if kind == "code":
@@ -147,13 +153,20 @@ def ordinary_ids(tokenizer: Any) -> range:
     return range(max(tokenizer.all_special_ids) + 1, len(tokenizer))
 
 
-def induction_row(ordinary: range, eos: int, rng: random.Random, lo: int = 16, hi: int = 64) -> SftExample:
+def induction_row(ordinary: range, eos: int, rng: random.Random, lo: int = 16, hi: int = 64,
+                  alphabet: tuple[int, int] | None = None) -> SftExample:
     """Random `ordinary` ids then `eos` as the prompt, of a random length in [lo, hi] (so the copy sits at no
     fixed distance), the same ids and `eos` as the response. The eos closes the prompt too, so the end of the
     copy is itself a copy (what followed the last id before): without it the response's eos is the one token
-    copying cannot predict, and the only run whose circuit carried over to files had such a separator."""
-    ids = tuple(rng.choices(ordinary, k=rng.randint(lo, hi)))
-    return SftExample("induction", "induction", 0, (*ids, eos), (*ids, eos), "")
+    copying cannot predict, and the only run whose circuit carried over to files had such a separator.
+
+    With `alphabet` (a, b), the row's ids are drawn from between a and b distinct ids (kind
+    `induction_repeats`): most ids recur, followed by different ones, so matching the last token or two does
+    not say what comes next; on whole-vocabulary rows it always does."""
+    pool = rng.sample(ordinary, rng.randint(*alphabet)) if alphabet else ordinary
+    ids = tuple(rng.choices(pool, k=rng.randint(lo, hi)))
+    kind = "induction_repeats" if alphabet else "induction"
+    return SftExample(kind, kind, 0, (*ids, eos), (*ids, eos), "")
 
 
 def mosaic_files(files: Sequence[tuple[str, str]], n: int, seed: int, max_lines: int = 12) -> list[tuple[str, str]]:
@@ -293,8 +306,9 @@ def pretrain_examples(files: Sequence[tuple[str, str]], tokenizer: Any, *, n: in
         if len(out) == n:
             break
         kind = rng.choices(kinds, weights)[0]
-        if kind == "induction":
-            out.append(induction_row(ordinary, eos, rng))
+        if kind not in FILE_KINDS:
+            out.append(induction_row(ordinary, eos, rng, alphabet=REPEATS_ALPHABET if kind == "induction_repeats"
+                                     else None))
             continue
         path, text = files[rng.randrange(len(files))]
         if names:
@@ -373,20 +387,77 @@ def copy_accuracy(checkpoint: Any, files: Sequence[tuple[str, str]], *, n: int, 
     got = [text.strip() for text in greedy_responses(checkpoint, asks, max_new_tokens=longest + 8, seed=seed,
                                                      batch_size=batch_size, device=device)]
     hits = [answered(kind, g, a) for g, a in zip(got, answers, strict=True)]
+
+    def ids(text: str) -> list[int]:
+        return tokenizer(text.strip(), add_special_tokens=False)["input_ids"]
+
+    copies = [(prompt, ids(a), ids(g)) for prompt, a, g in zip(asks, answers, got, strict=True)]
     return {"n": n, "kind": kind, "action_spec": action_spec, "accuracy": sum(hits) / n,
+            "where_copies_leave": where_copies_leave(copies),
             "samples": list(zip(answers, got, strict=True))[:5]}
+
+
+def lookback_ambiguous(prompt: Sequence[int], copy: Sequence[int], j: int, width: int = 2) -> bool:
+    """Whether the `width` tokens before position `j` of `copy` also stand in `prompt` followed by a token
+    other than copy[j]: there, a copy that matches only the last `width` tokens can go astray."""
+    if j < width:
+        return False
+    before, after = tuple(copy[j - width:j]), copy[j]
+    return any(tuple(prompt[p:p + width]) == before and prompt[p + width] != after
+               for p in range(len(prompt) - width))
+
+
+def where_copies_leave(answers: Sequence[tuple[Sequence[int], Sequence[int], Sequence[int]]],
+                       width: int = 2) -> dict[str, int]:
+    """Over (prompt, wanted, got) token ids: how many answers leave the wanted text after copying some of it
+    (`left`), how many of those leave it where the `width` tokens before are `lookback_ambiguous`, and the
+    same count over every position copied right (`copied`, `copied_ambiguous`), its base rate."""
+    out = dict.fromkeys(("left", "left_ambiguous", "copied", "copied_ambiguous"), 0)
+    for prompt, want, got in answers:
+        k = next((i for i, (w, g) in enumerate(zip(want, got, strict=False)) if w != g), min(len(want), len(got)))
+        counted = range(width, k)
+        out["copied"] += len(counted)
+        out["copied_ambiguous"] += sum(lookback_ambiguous(prompt, want, j, width) for j in counted)
+        if width <= k < len(want) and k < len(got):  # left the text after `width` tokens or more of it
+            out["left"] += 1
+            out["left_ambiguous"] += lookback_ambiguous(prompt, want, k, width)
+    return out
 
 
 def held_out_abilities(checkpoint: Any, files: Sequence[tuple[str, str]], *, n: int, seed: int,
                        device: str = "cpu") -> dict[str, dict[str, Any]]:
     """The base's copying on held-out `files`: `quote_line`, `error_name` and `edit_line` (its search text
-    quotes line N) as pretraining asks them, and `quote_line_in_episode`, the `quote_line` questions after the
-    episode's system message (brief grammar)."""
+    quotes line N) as pretraining asks them, `quote_line_in_episode`, the `quote_line` questions after the
+    episode's system message (brief grammar), and `induction_repeats`, copies where the last tokens are
+    ambiguous (`induction_accuracy`)."""
     out = {kind: copy_accuracy(checkpoint, files, n=n, seed=seed, kind=kind, device=device)
            for kind in ("quote_line", "error_name", "edit_line")}
     out["quote_line_in_episode"] = copy_accuracy(checkpoint, files, n=n, seed=seed, device=device,
                                                  action_spec="brief")
+    out["induction_repeats"] = induction_accuracy(checkpoint, n=n, seed=seed, alphabet=REPEATS_ALPHABET,
+                                                  device=device)
     return out
+
+
+def induction_accuracy(checkpoint: Any, *, n: int, seed: int, alphabet: tuple[int, int] | None = None,
+                       batch_size: int = 8, device: str = "cpu") -> dict[str, Any]:
+    """Greedy answers to `n` seeded `induction` rows (`induction_repeats` rows with `alphabet`): the share
+    copied whole, with a few (expected, got) samples. The ids are random, so no row was trained on. A line of
+    a file is lost where the token or two before a position recur in the prompt followed by another
+    (docs/pretraining.md, fourteenth series): these rows ask for exactly that copy, without a file."""
+    from pipeline.policy.loading import load_tokenizer
+
+    tokenizer = load_tokenizer(checkpoint)
+    rng = random.Random(seed)
+    ordinary = ordinary_ids(tokenizer)
+    rows = [induction_row(ordinary, tokenizer.eos_token_id, rng, alphabet=alphabet) for _ in range(n)]
+    answers = [tokenizer.decode(row.response_ids[:-1]) for row in rows]
+    got = greedy_responses(checkpoint, [row.prompt_ids for row in rows],
+                           max_new_tokens=max(len(row.response_ids) for row in rows) + 8, seed=seed,
+                           batch_size=batch_size, device=device)
+    hits = [g == a for g, a in zip(got, answers, strict=True)]
+    return {"n": n, "kind": rows[0].kind, "accuracy": sum(hits) / n,
+            "samples": list(zip(answers, got, strict=True))[:5]}
 
 
 # ---- the staged recipe -------------------------------------------------------------------------------------

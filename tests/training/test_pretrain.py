@@ -15,11 +15,12 @@ from pipeline.policy.loading import load_tokenizer
 from pipeline.tasks import load_source
 from training.pretrain import (
     DEFAULT_PRETRAIN_MIX,
-    PRETRAIN_KINDS,
+    FILE_KINDS,
     REPORT_NAME,
     copy_task,
     induction_row,
     library_files,
+    lookback_ambiguous,
     mosaic_files,
     ordinary_ids,
     pretrain,
@@ -27,6 +28,7 @@ from training.pretrain import (
     pretrain_files,
     rehearsal_examples,
     respelled,
+    where_copies_leave,
 )
 from training.pretrain_settings import DEFAULT_STAGES, REHEARSAL_MIX, PretrainSettings, PretrainStage
 
@@ -154,11 +156,58 @@ def test_induction_rows_repeat_random_ordinary_tokens(tokenizer):
     assert len({r.prompt_ids for r in rows}) == 20
 
 
+def test_induction_repeats_rows_make_short_lookback_ambiguous(tokenizer):
+    # the copy of a code line fails where the token before also stands elsewhere followed by another: these rows
+    # are made of such positions, where whole-vocabulary rows have almost none
+    def ambiguous_share(rows):
+        hits = total = 0
+        for row in rows:
+            ids = row.prompt_ids[:-1]
+            follows: dict[int, set[int]] = {}
+            for a, b in zip(ids[:-1], ids[1:], strict=True):
+                follows.setdefault(a, set()).add(b)
+            hits += sum(len(follows[a]) > 1 for a in ids[:-1])
+            total += len(ids) - 1
+        return hits / total
+
+    ordinary, eos = ordinary_ids(tokenizer), tokenizer.eos_token_id
+    rng = random.Random(0)
+    repeats = [induction_row(ordinary, eos, rng, alphabet=(4, 16)) for _ in range(50)]
+    plain = [induction_row(ordinary, eos, rng) for _ in range(50)]
+    for row in repeats:
+        ids = row.prompt_ids[:-1]
+        assert row.response_ids == row.prompt_ids and row.prompt_ids[-1] == eos and row.kind == "induction_repeats"
+        assert 16 <= len(ids) <= 64 and len(set(ids)) <= 16 and set(ids) <= set(ordinary)
+    assert ambiguous_share(repeats) > 0.5 > 0.05 > ambiguous_share(plain)
+    # drawn by the mix like any kind, and a mix without it draws the rows it always drew
+    files = [("a.py", FILE)]
+    mixed = pretrain_examples(files, tokenizer, n=40, seed=1, mix={"induction_repeats": 1.0, "quote_line": 1.0})
+    assert {r.kind for r in mixed} == {"induction_repeats", "quote_line"}
+    assert all(len(set(r.prompt_ids)) <= 17 for r in mixed if r.kind == "induction_repeats")  # + eos
+
+
+def test_where_copies_leave_counts_misses_at_ambiguous_lookback():
+    # prompt: 1 2 3 ... 1 2 4; copying "1 2 3" is ambiguous at 3 (the two before, 1 2, are followed by 4 too)
+    prompt = (1, 2, 3, 9, 1, 2, 4, 8)
+    assert lookback_ambiguous(prompt, (1, 2, 3), 2) and not lookback_ambiguous(prompt, (1, 2, 4, 8), 3)
+    assert not lookback_ambiguous(prompt, (1, 2, 3), 1)  # fewer than two tokens before: never counted
+    answers = [
+        (prompt, (1, 2, 3, 9), (1, 2, 4, 8)),  # leaves at the ambiguous position
+        (prompt, (2, 4, 8, 5), (2, 4, 7)),  # leaves where the two before (2 4) only ever precede 8
+        (prompt, (1, 2, 3, 9), (1, 2, 3, 9)),  # verbatim: positions 2 and 3 copied right, position 2 ambiguous
+        (prompt, (1, 2, 3, 9), (1, 2)),  # stopped early: not a copy that left the text
+        (prompt, (5, 6, 7), (6, 6, 7)),  # wrong from the first token: nothing copied
+    ]
+    # positions before the one where a copy leaves count as copied right from the third token on: only the
+    # verbatim answer has any
+    assert where_copies_leave(answers) == {"left": 2, "left_ambiguous": 1, "copied": 2, "copied_ambiguous": 1}
+
+
 def test_a_file_without_code_offers_only_plain_modelling():
     rng = random.Random(0)
     assert copy_task("code", "a.py", "\n\n", rng) == ("", "\n\n")
-    assert all(copy_task(k, "a.py", "\n\n", rng) is None for k in PRETRAIN_KINDS if k not in ("code", "induction"))
-    for kind in ("summarise", "induction"):  # induction rows have no file
+    assert all(copy_task(k, "a.py", "\n\n", rng) is None for k in FILE_KINDS if k != "code")
+    for kind in ("summarise", "induction", "induction_repeats"):  # induction rows have no file
         with pytest.raises(ValueError, match="unknown pretraining kind"):
             copy_task(kind, "a.py", FILE, rng)
 
@@ -331,7 +380,8 @@ def test_stages_train_in_order_resume_and_measure_on_held_out_files(tmp_path):
     digest = hashlib.sha256((final / "model.safetensors").read_bytes()).hexdigest()
     assert report["sha256"]["model.safetensors"] == digest
     assert json.loads((final / REPORT_NAME).read_text())["command"] == "test"
-    assert set(report["held_out"]) == {"quote_line", "error_name", "edit_line", "quote_line_in_episode"}
+    assert set(report["held_out"]) == {"quote_line", "error_name", "edit_line", "quote_line_in_episode",
+                                       "induction_repeats"}
     assert all(a["n"] == 4 and 0.0 <= a["accuracy"] <= 1.0 for a in report["held_out"].values())
     assert report["held_out"]["quote_line_in_episode"]["action_spec"] == "brief"
     assert report["init"]["checkpoint"] == "scratch"
