@@ -2,7 +2,8 @@
 
 1. Copying (the base, before any SFT), greedy, on held-out files (MBPP test solutions, never pretrained on):
    `quote_line` (quote line N of the shown file), `error_name` (repeat the name a NameError names),
-   `edit_line` (asked to change line N, an action whose search text is line N verbatim), and
+   `edit_line` (asked to change line N, an action whose search text is line N verbatim), `quote_twin` (quote
+   line N of a file that holds 1-3 near twins of it: the copy must match more than the last token or two),
    `quote_line_in_episode`: the quote_line questions after the episode's system message, as repairs are asked,
    and `induction_repeats`: random ids of a few distinct tokens copied whole, where the token or two before a
    position do not say what comes next (no file: the copy a drifting line lacks).
@@ -224,10 +225,11 @@ def main() -> None:
     for kind, res in copy.items():
         where = "random  " if kind.startswith("induction") else "held-out"  # random ids: nothing was held out
         print(f"  {where} {kind:<21} {_share(round(res['accuracy'] * res['n']), res['n'])}", flush=True)
-    leave = copy["quote_line"]["where_copies_leave"]
-    print(f"  quote_line copies that leave the line: {leave['left']}, {leave['left_ambiguous']} where the two "
-          f"tokens before also stand in the prompt followed by another ({leave['copied_ambiguous']} of "
-          f"{leave['copied']} positions copied right)", flush=True)
+    leaves = {kind: res["where_copies_leave"] for kind, res in copy.items() if "where_copies_leave" in res}
+    for kind, leave in leaves.items():
+        print(f"  {kind} copies that leave the line: {leave['left']}, {leave['left_ambiguous']} where the two "
+              f"tokens before also stand in the prompt followed by another ({leave['copied_ambiguous']} of "
+              f"{leave['copied']} positions copied right)", flush=True)
 
     episode = EpisodeSettings(action_spec="brief", max_response_tokens=384)
     with SandboxPool(SandboxSettings(pool_size=2)) as pool:
@@ -274,7 +276,8 @@ def main() -> None:
               "edit_line": copy["edit_line"]["accuracy"],
               "quote_line_in_episode": copy["quote_line_in_episode"]["accuracy"],
               "induction_repeats": copy["induction_repeats"]["accuracy"],
-              "quote_line_leaves": leave,
+              "quote_twin": copy["quote_twin"]["accuracy"],
+              "quote_line_leaves": leaves["quote_line"], "quote_twin_leaves": leaves["quote_twin"],
               "search_found": found / n, "fix_unseen": fixed / n,
               "search_outcomes": {k: outcomes[k] for k in SEARCH_OUTCOMES},
               "named_line_quoted": named / asked,

@@ -17,6 +17,10 @@ shows files:
   code        the file itself, after the assistant header only (plain language modelling on code)
   quote_line  "Quote line N of PATH."                   -> that line, verbatim
   quote_many  "Quote lines N, M, ... of PATH"           -> each of them after its number ("N| line")
+  quote_twin  "Quote line N", the file holding 1-3 near twins of line N (its start with another line's end,
+              or one bug of the repair catalogue in it)  -> line N, verbatim: where a twin leaves the line the
+                                                           token or two before recur, so the copy needs a
+                                                           longer match, on code (fourteenth series)
   error_name  a NameError naming one of its identifiers -> that name
   edit_line   "Change line N to: NEW"                   -> an action whose <search> quotes line N (the grammar)
   apply_edit  an <edit> block                           -> the whole file after the edit
@@ -54,6 +58,7 @@ from training.demonstrations import (
 from training.pretrain_settings import PRETRAIN_KINDS, REHEARSAL_MIX
 
 FILE_KINDS = tuple(k for k in PRETRAIN_KINDS if not k.startswith("induction"))  # the kinds asked about a file
+QUOTE_KINDS = ("quote_line", "quote_twin")  # the answer is one line of the prompt, verbatim
 REPEATS_ALPHABET = (4, 16)  # distinct ids of an `induction_repeats` row: 16-64 ids make most of them recur
 
 DEFAULT_PRETRAIN_MIX = MappingProxyType(
@@ -87,6 +92,34 @@ def _code_names(text: str) -> set[str]:
         return set()
 
 
+_PIECE = re.compile(r"\w+|\S")  # a word, a number or one other character: where a twin may leave its line
+
+
+def near_twins(text: str, n: int, rng: random.Random) -> list[str]:
+    """1-3 lines that start like line `n` (0-based) of `text` and then leave it: its first pieces followed by
+    the end of another line, or the line with one bug of the repair catalogue (its start and often its end
+    kept). Fewer (none) where the line is too short or no twin differs from it."""
+    lines = text.splitlines()
+    line = lines[n]
+    pieces = list(_PIECE.finditer(line))
+    others = [other for i, other in enumerate(lines) if i != n and len(_PIECE.findall(other)) >= 2]
+    twins: list[str] = []
+    for _ in range(rng.randint(1, 3)):
+        if rng.random() < 0.5:
+            mutated = mutate_line(text, [n], rng)
+            twin = mutated[0].splitlines()[n] if mutated and len(mutated[0].splitlines()) == len(lines) else None
+        elif len(pieces) >= 3 and others:
+            other = list(_PIECE.finditer(rng.choice(others)))
+            head = pieces[rng.randint(2, len(pieces) - 1) - 1].end()
+            tail = other[rng.randint(1, len(other) - 1) - 1].end()
+            twin = line[:head] + other[0].string[tail:]
+        else:
+            twin = None
+        if twin is not None and twin.strip() != line.strip():
+            twins.append(twin)
+    return twins
+
+
 def _shown(path: str, text: str) -> str:
     return render_file(path, text, len(text.splitlines()) + 1, None)  # the whole file, as the episode shows it
 
@@ -105,6 +138,14 @@ def copy_task(kind: str, path: str, text: str, rng: random.Random) -> tuple[str,
     if kind == "quote_line":
         n = rng.choice(filled)
         return f"{_shown(path, text)}\n\nQuote line {n + 1} of {path}.", lines[n]
+    if kind == "quote_twin":
+        n = rng.choice(filled)
+        shown: list[tuple[str, bool]] = [(line, i == n) for i, line in enumerate(lines)]
+        for twin in near_twins(text, n, rng):
+            shown.insert(rng.randint(0, len(shown)), (twin, False))
+        asked = next(i for i, (_, target) in enumerate(shown) if target)
+        twinned = "\n".join(line for line, _ in shown) + "\n"
+        return f"{_shown(path, twinned)}\n\nQuote line {asked + 1} of {path}.", lines[n]
     if kind == "quote_many":
         picked = [rng.choice(filled) for _ in range(rng.randint(2, 6))]
         asked = ", ".join(str(n + 1) for n in picked)
@@ -370,8 +411,8 @@ def copy_accuracy(checkpoint: Any, files: Sequence[tuple[str, str]], *, n: int, 
                   kind: str = "quote_line", batch_size: int = 8, device: str = "cpu",
                   action_spec: str | None = None) -> dict[str, Any]:
     """Greedy answers to `n` seeded questions of `kind` on `files`: the share `answered`, with a few
-    (expected, got) samples. With `action_spec`, each question comes after the
-    episode's system message in that wording, as repairs do."""
+    (expected, got) samples, and for a quote `where_copies_leave`. With `action_spec`, each question comes
+    after the episode's system message in that wording, as repairs do."""
     from pipeline.policy.loading import load_tokenizer
 
     tokenizer = load_tokenizer(checkpoint)
@@ -387,14 +428,16 @@ def copy_accuracy(checkpoint: Any, files: Sequence[tuple[str, str]], *, n: int, 
     got = [text.strip() for text in greedy_responses(checkpoint, asks, max_new_tokens=longest + 8, seed=seed,
                                                      batch_size=batch_size, device=device)]
     hits = [answered(kind, g, a) for g, a in zip(got, answers, strict=True)]
+    out = {"n": n, "kind": kind, "action_spec": action_spec, "accuracy": sum(hits) / n,
+           "samples": list(zip(answers, got, strict=True))[:5]}
+    if kind in QUOTE_KINDS:  # the answer is a copy of the prompt's text: where does it leave it?
 
-    def ids(text: str) -> list[int]:
-        return tokenizer(text.strip(), add_special_tokens=False)["input_ids"]
+        def ids(text: str) -> list[int]:
+            return tokenizer(text.strip(), add_special_tokens=False)["input_ids"]
 
-    copies = [(prompt, ids(a), ids(g)) for prompt, a, g in zip(asks, answers, got, strict=True)]
-    return {"n": n, "kind": kind, "action_spec": action_spec, "accuracy": sum(hits) / n,
-            "where_copies_leave": where_copies_leave(copies),
-            "samples": list(zip(answers, got, strict=True))[:5]}
+        out["where_copies_leave"] = where_copies_leave(
+            [(prompt, ids(a), ids(g)) for prompt, a, g in zip(asks, answers, got, strict=True)])
+    return out
 
 
 def lookback_ambiguous(prompt: Sequence[int], copy: Sequence[int], j: int, width: int = 2) -> bool:
@@ -426,12 +469,12 @@ def where_copies_leave(answers: Sequence[tuple[Sequence[int], Sequence[int], Seq
 
 def held_out_abilities(checkpoint: Any, files: Sequence[tuple[str, str]], *, n: int, seed: int,
                        device: str = "cpu") -> dict[str, dict[str, Any]]:
-    """The base's copying on held-out `files`: `quote_line`, `error_name` and `edit_line` (its search text
-    quotes line N) as pretraining asks them, `quote_line_in_episode`, the `quote_line` questions after the
+    """The base's copying on held-out `files`: `quote_line`, `quote_twin` (line N among near twins of it),
+    `error_name` and `edit_line` (its search text quotes line N) as pretraining asks them, `quote_line_in_episode`, the `quote_line` questions after the
     episode's system message (brief grammar), and `induction_repeats`, copies where the last tokens are
     ambiguous (`induction_accuracy`)."""
     out = {kind: copy_accuracy(checkpoint, files, n=n, seed=seed, kind=kind, device=device)
-           for kind in ("quote_line", "error_name", "edit_line")}
+           for kind in ("quote_line", "quote_twin", "error_name", "edit_line")}
     out["quote_line_in_episode"] = copy_accuracy(checkpoint, files, n=n, seed=seed, device=device,
                                                  action_spec="brief")
     out["induction_repeats"] = induction_accuracy(checkpoint, n=n, seed=seed, alphabet=REPEATS_ALPHABET,

@@ -17,11 +17,14 @@ from training.pretrain import (
     DEFAULT_PRETRAIN_MIX,
     FILE_KINDS,
     REPORT_NAME,
+    copy_accuracy,
     copy_task,
+    induction_accuracy,
     induction_row,
     library_files,
     lookback_ambiguous,
     mosaic_files,
+    near_twins,
     ordinary_ids,
     pretrain,
     pretrain_examples,
@@ -143,6 +146,78 @@ def test_quote_many_answers_each_asked_line_after_its_number():
         assert 2 <= len(numbers) == len(got)
         for n, line in zip(numbers, got, strict=True):
             assert line == f"{n}| {lines[n - 1]}" and lines[n - 1].strip()
+
+
+def test_quote_twin_asks_for_a_line_among_near_twins_of_it(tokenizer):
+    lines = FILE.splitlines()
+    twinned = 0
+    for message, answer in _draws("quote_twin", n=60):
+        n = int(re.search(r"Quote line (\d+) of solution\.py\.$", message).group(1))
+        shown = re.findall(r"^\d+\| (.*)$", message, flags=re.M)
+        assert shown[n - 1] == answer and answer in lines and answer.strip()
+        # the file's own lines in their order, with twins in between: none of them the asked line
+        rest = iter(shown)
+        assert all(any(line == other for other in rest) for line in lines)  # a subsequence, in order
+        extra = list(shown)
+        for line in lines:
+            extra.remove(line)
+        assert all(twin.strip() != answer.strip() for twin in extra) and len(extra) <= 3
+        twinned += bool(extra)
+    assert twinned >= 50  # most asked lines get twins: only a line too short for one goes without
+
+    # the point of a twin: positions of the answer where the two tokens before also stand in the prompt
+    # followed by another token, so that matching only them goes astray
+    def ambiguous_share(kind):
+        hits = total = 0
+        for message, answer in _draws(kind, n=60):
+            prompt = tokenizer(message, add_special_tokens=False)["input_ids"]
+            copy = tokenizer(answer, add_special_tokens=False)["input_ids"]
+            hits += sum(lookback_ambiguous(prompt, copy, j) for j in range(2, len(copy)))
+            total += max(0, len(copy) - 2)
+        return hits / total
+
+    assert ambiguous_share("quote_twin") > 1.5 * ambiguous_share("quote_line")
+
+
+def test_near_twins_start_like_the_line_and_leave_it():
+    rng = random.Random(0)
+    line = FILE.splitlines()[5]  # "        if x % 2 == 0:"
+    twins = [t for _ in range(30) for t in near_twins(FILE, 5, rng)]
+    assert len(twins) >= 30 and all(t != line for t in twins)
+    # a twin keeps the line's first characters: its start with another line's end, or one catalogue bug
+    assert all(t.startswith("        if x") for t in twins)
+    assert any(t.endswith(":") for t in twins) and any(not t.endswith(":") for t in twins)
+    assert near_twins("x\ny = 1\n", 0, rng) == []  # a one-piece line has no start to share
+
+
+def test_copy_checks_score_verbatim_answers_only(tokenizer, tiny_policy, monkeypatch):
+    # the scoring, with a stand-in for the model that answers the even-numbered questions right
+    import training.pretrain as pretrain_module
+
+    def half_right(checkpoint, prompts, **_):
+        text = [tokenizer.decode(list(p)) for p in prompts]
+        return [right(t) if i % 2 == 0 else "no" for i, t in enumerate(text)]
+
+    def quoted(prompt_text):  # the numbered line the question asks for, read off the shown file
+        n = re.search(r"Quote line (\d+) of", prompt_text).group(1)
+        return re.search(rf"^{n}\| (.*)$", prompt_text, flags=re.M).group(1) + "  "  # trailing space ignored
+
+    files = [("solution.py", FILE)]
+    for kind in ("quote_line", "quote_twin"):
+        right = quoted
+        monkeypatch.setattr(pretrain_module, "greedy_responses", half_right)
+        got = copy_accuracy(tiny_policy, files, n=10, seed=0, kind=kind)
+        assert got["accuracy"] == 0.5 and got["where_copies_leave"]["left"] == 0  # "no" copies nothing
+    right = lambda text: text.split("<|im_start|>assistant")[-1].strip()  # noqa: E731 (never the answer)
+    assert "where_copies_leave" not in copy_accuracy(tiny_policy, files, n=4, seed=0, kind="error_name")
+
+    def eos_cut(prompt_text):  # an induction prompt's ids, less the closing eos: the copy itself
+        return prompt_text.removesuffix(tokenizer.eos_token)
+
+    right = eos_cut
+    assert induction_accuracy(tiny_policy, n=10, seed=0)["accuracy"] == 0.5
+    right = lambda text: eos_cut(text) + " "  # noqa: E731 (an extra space is not a whole copy)
+    assert induction_accuracy(tiny_policy, n=10, seed=0, alphabet=(4, 16))["accuracy"] == 0.0
 
 
 def test_induction_rows_repeat_random_ordinary_tokens(tokenizer):
@@ -380,8 +455,8 @@ def test_stages_train_in_order_resume_and_measure_on_held_out_files(tmp_path):
     digest = hashlib.sha256((final / "model.safetensors").read_bytes()).hexdigest()
     assert report["sha256"]["model.safetensors"] == digest
     assert json.loads((final / REPORT_NAME).read_text())["command"] == "test"
-    assert set(report["held_out"]) == {"quote_line", "error_name", "edit_line", "quote_line_in_episode",
-                                       "induction_repeats"}
+    assert set(report["held_out"]) == {"quote_line", "quote_twin", "error_name", "edit_line",
+                                       "quote_line_in_episode", "induction_repeats"}
     assert all(a["n"] == 4 and 0.0 <= a["accuracy"] <= 1.0 for a in report["held_out"].values())
     assert report["held_out"]["quote_line_in_episode"]["action_spec"] == "brief"
     assert report["init"]["checkpoint"] == "scratch"
