@@ -20,7 +20,7 @@ shows files:
   quote_twin  "Quote line N", the file holding 1-3 near twins of line N (its start with another line's end,
               or one bug of the repair catalogue in it)  -> line N, verbatim: where a twin leaves the line the
                                                            token or two before recur, so the copy needs a
-                                                           longer match, on code (fourteenth series)
+                                                           longer match, on code (fifteenth series)
   error_name  a NameError naming one of its identifiers -> that name
   edit_line   "Change line N to: NEW"                   -> an action whose <search> quotes line N (the grammar)
   apply_edit  an <edit> block                           -> the whole file after the edit
@@ -470,9 +470,9 @@ def where_copies_leave(answers: Sequence[tuple[Sequence[int], Sequence[int], Seq
 def held_out_abilities(checkpoint: Any, files: Sequence[tuple[str, str]], *, n: int, seed: int,
                        device: str = "cpu") -> dict[str, dict[str, Any]]:
     """The base's copying on held-out `files`: `quote_line`, `quote_twin` (line N among near twins of it),
-    `error_name` and `edit_line` (its search text quotes line N) as pretraining asks them, `quote_line_in_episode`, the `quote_line` questions after the
-    episode's system message (brief grammar), and `induction_repeats`, copies where the last tokens are
-    ambiguous (`induction_accuracy`)."""
+    `error_name` and `edit_line` (its search text quotes line N) as pretraining asks them,
+    `quote_line_in_episode`, the `quote_line` questions after the episode's system message (brief grammar),
+    and `induction_repeats`, copies where the last tokens are ambiguous (`induction_accuracy`)."""
     out = {kind: copy_accuracy(checkpoint, files, n=n, seed=seed, kind=kind, device=device)
            for kind in ("quote_line", "quote_twin", "error_name", "edit_line")}
     out["quote_line_in_episode"] = copy_accuracy(checkpoint, files, n=n, seed=seed, device=device,
