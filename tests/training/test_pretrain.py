@@ -202,10 +202,10 @@ def test_copy_checks_score_verbatim_answers_only(tokenizer, tiny_policy, monkeyp
         n = re.search(r"Quote line (\d+) of", prompt_text).group(1)
         return re.search(rf"^{n}\| (.*)$", prompt_text, flags=re.M).group(1) + "  "  # trailing space ignored
 
+    monkeypatch.setattr(pretrain_module, "greedy_responses", half_right)
     files = [("solution.py", FILE)]
+    right = quoted
     for kind in ("quote_line", "quote_twin"):
-        right = quoted
-        monkeypatch.setattr(pretrain_module, "greedy_responses", half_right)
         got = copy_accuracy(tiny_policy, files, n=10, seed=0, kind=kind)
         assert got["accuracy"] == 0.5 and got["where_copies_leave"]["left"] == 0  # "no" copies nothing
     right = lambda text: text.split("<|im_start|>assistant")[-1].strip()  # noqa: E731 (never the answer)
@@ -234,14 +234,11 @@ def test_induction_rows_repeat_random_ordinary_tokens(tokenizer):
 def test_induction_repeats_rows_make_short_lookback_ambiguous(tokenizer):
     # the copy of a code line fails where the token before also stands elsewhere followed by another: these rows
     # are made of such positions, where whole-vocabulary rows have almost none
-    def ambiguous_share(rows):
+    def ambiguous_share(rows):  # positions whose token before also stands in the row followed by another
         hits = total = 0
         for row in rows:
             ids = row.prompt_ids[:-1]
-            follows: dict[int, set[int]] = {}
-            for a, b in zip(ids[:-1], ids[1:], strict=True):
-                follows.setdefault(a, set()).add(b)
-            hits += sum(len(follows[a]) > 1 for a in ids[:-1])
+            hits += sum(lookback_ambiguous(ids, ids, j, width=1) for j in range(1, len(ids)))
             total += len(ids) - 1
         return hits / total
 
