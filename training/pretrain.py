@@ -581,7 +581,8 @@ def pretrain(settings: Any, work_dir: Any, *, command: str = "") -> dict[str, An
         sft = SftSettings(lr=stage.lr, schedule=stage.schedule, adam_betas=stage.adam_betas,
                           warmup_steps=stage.warmup_steps, max_steps=stage.steps, epochs=100,
                           max_tokens_per_batch=stage.max_tokens_per_batch, seed=settings.seed + i,
-                          save_every=settings.save_every, device=settings.device)
+                          save_every=settings.save_every, device=settings.device,
+                          compute_dtype=settings.compute_dtype)
         report = train_sft(previous, root / "stages" / f"{i}-{stage.name}", rows, sft)
         previous = Path(report.out_dir)
         stages.append({"name": stage.name, "steps": report.total_steps, "files": len(short),

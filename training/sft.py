@@ -98,11 +98,16 @@ def response_token_loss(logits: Any, input_ids: Any, loss_mask: Any) -> tuple[An
     return (nll * loss_mask).sum(), loss_mask.sum()
 
 
-def sft_loss(model: Any) -> Any:
-    """The SFT loss plugged into the one loop: `loss_fn(batch) -> (mean response-token NLL, metrics)`."""
+def sft_loss(model: Any, compute_dtype: str = "float32") -> Any:
+    """The SFT loss plugged into the one loop: `loss_fn(batch) -> (mean response-token NLL, metrics)`.
+
+    `compute_dtype` "bfloat16" runs the forward under autocast (the loss itself is taken in float32)."""
+    import torch
 
     def loss_fn(batch: Any) -> tuple[Any, dict[str, float]]:
-        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+        with torch.autocast(batch.input_ids.device.type, dtype=torch.bfloat16,
+                            enabled=compute_dtype == "bfloat16"):
+            logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
         loss_sum, n = response_token_loss(logits, batch.input_ids, batch.loss_mask)
         loss = loss_sum / n
         return loss, {"loss": float(loss.detach()), "response_tokens": float(n)}
@@ -207,7 +212,7 @@ def train_sft(checkpoint_in: str | os.PathLike[str], out_dir: str | os.PathLike[
                   micro_batches_per_step=1, fetch=fetch, tokens=lambda b: b.n_tokens, state_dir=out / STATE_DIR,
                   plan_id=plan_id, save_every=settings.save_every, metric_names=("loss", "response_tokens"))
         t_train = time.perf_counter()
-        result = run_steps(run, sft_loss(model), TorchOptimization(model, optimizer, scheduler, settings.grad_clip),
+        result = run_steps(run, sft_loss(model, settings.compute_dtype), TorchOptimization(model, optimizer, scheduler, settings.grad_clip),
                            TorchState(model, optimizer, scheduler), max_steps=max_steps, on_step=log)
         train_s = time.perf_counter() - t_train - result.wall["save_s"]
     save_s = result.wall["save_s"]

@@ -434,7 +434,7 @@ def test_stages_train_in_order_resume_and_measure_on_held_out_files(tmp_path):
     from pipeline.tasks.settings import TaskSourceSpec, TasksSettings
 
     settings = PretrainSettings(
-        size="tiny", seed=1, eval_questions=4,
+        size="tiny", seed=1, eval_questions=4, compute_dtype="bfloat16",
         tasks=TasksSettings(train=(TaskSourceSpec(source="mbpp", split="train", limit=8),),
                             eval=(TaskSourceSpec(source="mbpp", split="test", limit=3),)),
         stages=(PretrainStage(name="induction", mix={"induction": 1.0}, steps=3, warmup_steps=1,
@@ -447,6 +447,7 @@ def test_stages_train_in_order_resume_and_measure_on_held_out_files(tmp_path):
     assert [(s["mosaic_files"], s["library_files"]) for s in report["stages"]] == [(0, 0), (30, 20)]
     sft = json.loads((tmp_path / "stages" / "2-short" / "sft_report.json").read_text())["settings"]
     assert (sft["schedule"], sft["adam_betas"], sft["lr"]) == ("constant", [0.8, 0.9], 2e-3)
+    assert sft["compute_dtype"] == "bfloat16"  # every stage's forward under the run's autocast
     assert all(s["steps"] == n for s, n in zip(report["stages"], (3, 2), strict=True))
     final = check_checkpoint(tmp_path / "final")
     digest = hashlib.sha256((final / "model.safetensors").read_bytes()).hexdigest()

@@ -30,7 +30,7 @@ from training.demonstrations import (  # noqa: E402
     solution_files,
     unconditioned_examples,
 )
-from training.sft import REPORT_NAME, evaluate_actions, response_token_loss, train_sft  # noqa: E402
+from training.sft import REPORT_NAME, evaluate_actions, response_token_loss, sft_loss, train_sft  # noqa: E402
 from training.sft_settings import SftSettings  # noqa: E402
 
 EPISODE = EpisodeSettings(max_turns=3, max_response_tokens=512, history_turns=2)
@@ -271,10 +271,41 @@ def test_evaluate_actions_counts(trained, tasks):
     {"mix": {"bogus": 1.0}}, {"mix": {"write": 0.0}}, {"mix": {"write": -1.0}}, {"lr": 0.0},
     {"schedule": "linear"}, {"max_steps": 0}, {"warmup_steps": 10, "max_steps": 10}, {"unknown_key": 1},
     {"finish_rate": 1.5}, {"device": "tpu"}, {"device": "cuda:x"}, {"device": "cpu:0"},
+    {"compute_dtype": "float16"},
 ])
 def test_bad_settings_are_refused(bad):
     with pytest.raises(ValidationError):
         SftSettings(**bad)
+
+
+def test_bfloat16_autocast_changes_the_arithmetic_not_the_loss(tiny_policy, examples):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_policy, local_files_only=True)
+    batch = collate([_row(e.prompt_ids, e.response_ids) for e in examples[:3]], [0, 1, 2], pad_id=0)
+    full, _ = sft_loss(model, "float32")(batch)
+    half, _ = sft_loss(model, "bfloat16")(batch)
+    assert full.dtype == half.dtype == torch.float32  # the loss is taken in float32 either way
+    assert not torch.equal(full, half)  # autocast ran the products in bfloat16 ...
+    assert abs(float(half.detach()) - float(full.detach())) < 0.02 * float(full.detach())  # ... barely moving it
+    half.backward()
+    assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in model.parameters() if p.requires_grad)
+
+
+@pytest.mark.slow
+def test_a_bfloat16_run_learns_and_saves_float32_weights(tiny_policy, trained, examples, tmp_path):
+    from safetensors import safe_open
+
+    _, report = trained
+    half = FAST.model_copy(update={"compute_dtype": "bfloat16"})
+    out = tmp_path / "bf16"
+    again = train_sft(tiny_policy, out, examples[:6], half)
+    assert again.plan_id != report.plan_id  # another precision is another run: never resumed as this one
+    losses = [s.loss for s in again.steps]
+    assert sum(losses[-2:]) / 2 < 0.9 * losses[0]
+    assert abs(losses[0] - report.steps[0].loss) < 0.02 * report.steps[0].loss  # the same first batch
+    with safe_open(out / "model.safetensors", "pt") as f:
+        assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.float32}
 
 
 def test_the_device_says_where_not_what(tiny_policy, examples, tmp_path):

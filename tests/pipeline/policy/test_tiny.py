@@ -87,7 +87,8 @@ def test_parameter_counts(tiny_checkpoint, model):
     ids = tiny_checkpoint.special_token_ids
     with torch.device("meta"):  # size the demo preset without allocating or training anything
         small = Qwen2ForCausalLM(qwen2_config(SIZES["small"], SIZES["small"].vocab_size, ids))
-    assert 1_000_000 < count_parameters(small) < 10_000_000
+        wide = Qwen2ForCausalLM(qwen2_config(SIZES["small_wide"], SIZES["small_wide"].vocab_size, ids))
+    assert 1_000_000 < count_parameters(small) < count_parameters(wide) < 10_000_000
 
 
 def test_load_tokenizer_pads_left(tok):
