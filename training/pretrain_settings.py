@@ -123,7 +123,7 @@ class PretrainSettings(BaseModel):
                         "'On a GPU'); the rows, batches and steps are the same")
     compute_dtype: Literal["float32", "bfloat16"] = Field(
         "float32", description="dtype of every stage's forward (torch.autocast; weights and AdamW stay float32): "
-        "bfloat16 is about 1.4x faster on a CPU with AVX512-BF16 (benchmarks/train_precision.py)")
+        "bfloat16 steps are 1.3-1.8x faster on a CPU with AVX512-BF16 (benchmarks/train_precision.py)")
 
     @field_validator("device")
     @classmethod

@@ -104,7 +104,7 @@ class SftSettings(BaseModel):
                         "same loop, batches moved there; what is trained does not depend on it)")
     compute_dtype: Literal["float32", "bfloat16"] = Field(
         "float32", description="dtype of the forward's matrix products (torch.autocast); the weights, gradients "
-        "and AdamW stay float32. bfloat16 trains about 1.4x faster on a CPU with AVX512-BF16 "
+        "and AdamW stay float32. bfloat16 steps are 1.3-1.8x faster on a CPU with AVX512-BF16 "
         "(benchmarks/train_precision.py) and is the usual choice on a GPU")
 
     @field_validator("device")

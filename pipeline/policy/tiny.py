@@ -90,8 +90,8 @@ SIZES: dict[str, SizePreset] = {
         num_key_value_heads=2,
         max_position_embeddings=8192,
     ),
-    # small's depth at 1.5x its width, about 8.7M parameters: the next size up that a CPU recipe can train in
-    # about an hour with bfloat16 autocast (docs/pretraining.md, sixteenth series)
+    # small's depth at 1.5x its width, about 8.7M parameters: the next size up, whose default recipe trains in
+    # about 90 minutes on two CPU cores with bfloat16 autocast (docs/pretraining.md, sixteenth series)
     "small_wide": SizePreset(
         vocab_size=4096,
         hidden_size=384,
