@@ -584,6 +584,11 @@ def pretrain(settings: Any, work_dir: Any, *, command: str = "") -> dict[str, An
                           save_every=settings.save_every, device=settings.device,
                           compute_dtype=settings.compute_dtype)
         report = train_sft(previous, root / "stages" / f"{i}-{stage.name}", rows, sft)
+        if stage.max_final_loss is not None and not report.final_loss < stage.max_final_loss:  # NaN stops too
+            raise ValueError(
+                f"stage {i}-{stage.name} ended at loss {report.final_loss:.3f}, not below its max_final_loss "
+                f"{stage.max_final_loss}: what it should teach has not been learnt (kept in {report.out_dir}); "
+                f"give the stage more steps (pretrain.stages) and another --out")
         previous = Path(report.out_dir)
         stages.append({"name": stage.name, "steps": report.total_steps, "files": len(short),
                        "mosaic_files": len(mosaic), "library_files": len(library), "rows": len(rows), "first_loss": report.first_loss,

@@ -101,6 +101,17 @@ SIZES: dict[str, SizePreset] = {
         num_key_value_heads=3,
         max_position_embeddings=8192,
     ),
+    # small's width at twice its depth, about 7.4M parameters: a longer match (the tokens before a copy
+    # position) needs more attention layers to compose (docs/pretraining.md, seventeenth series)
+    "small_deep": SizePreset(
+        vocab_size=4096,
+        hidden_size=256,
+        intermediate_size=768,
+        num_hidden_layers=8,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=8192,
+    ),
     # For pretraining from scratch (docs/pretraining.md): small's depth at half its width, so it trains 2.6x
     # faster on CPU; about 1.3M parameters, 40% of them the embedding.
     "base": SizePreset(

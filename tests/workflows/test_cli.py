@@ -70,7 +70,7 @@ def _write(tmp_path, task):
 
 
 @pytest.mark.slow
-def test_model_pretrain_builds_a_base_from_scratch_and_refuses_an_unknown_kind(tmp_path):
+def test_model_pretrain_builds_a_base_and_stops_on_an_unknown_kind_or_a_missed_loss_bar(tmp_path):
     config = tmp_path / "pretrain.yaml"
     config.write_text(
         "pretrain:\n"
@@ -91,6 +91,15 @@ def test_model_pretrain_builds_a_base_from_scratch_and_refuses_an_unknown_kind(t
     bad = runner.invoke(app, ["model", "pretrain", "--out", str(tmp_path / "b2"), "--config", str(config)])
     assert bad.exit_code == 2 and "unknown pretraining kind(s) ['gossip']" in bad.output
     assert "Traceback" not in bad.output and not (tmp_path / "b2").exists()
+    # a stage that ends above its loss bar stops the run before the next stage, and keeps what it trained
+    config.write_text(config.read_text().replace("gossip: 1.0", "quote_line: 1.0").replace(
+        "max_tokens_per_batch: 1024}", "max_tokens_per_batch: 1024, max_final_loss: 0.5}\n"
+        "    - {name: later, mix: {quote_line: 1.0}, steps: 1, warmup_steps: 0}"))
+    stopped = runner.invoke(app, ["model", "pretrain", "--out", str(tmp_path / "b3"), "--config", str(config)])
+    assert stopped.exit_code == 2 and "Traceback" not in stopped.output, stopped.output
+    assert "stage 1-copy ended at loss" in stopped.output and "not below its max_final_loss 0.5" in stopped.output
+    assert (tmp_path / "b3" / "stages" / "1-copy" / "model.safetensors").is_file()
+    assert not (tmp_path / "b3" / "stages" / "2-later").exists() and not (tmp_path / "b3" / "final").exists()
 
 
 @pytest.mark.slow

@@ -88,7 +88,9 @@ def test_parameter_counts(tiny_checkpoint, model):
     with torch.device("meta"):  # size the demo preset without allocating or training anything
         small = Qwen2ForCausalLM(qwen2_config(SIZES["small"], SIZES["small"].vocab_size, ids))
         wide = Qwen2ForCausalLM(qwen2_config(SIZES["small_wide"], SIZES["small_wide"].vocab_size, ids))
-    assert 1_000_000 < count_parameters(small) < count_parameters(wide) < 10_000_000
+        deep = Qwen2ForCausalLM(qwen2_config(SIZES["small_deep"], SIZES["small_deep"].vocab_size, ids))
+    assert 1_000_000 < count_parameters(small) < count_parameters(deep) < count_parameters(wide) < 10_000_000
+    assert deep.config.num_hidden_layers == 2 * small.config.num_hidden_layers  # small's width, twice its depth
 
 
 def test_load_tokenizer_pads_left(tok):
