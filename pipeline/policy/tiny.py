@@ -101,7 +101,7 @@ SIZES: dict[str, SizePreset] = {
         num_key_value_heads=3,
         max_position_embeddings=8192,
     ),
-    # small's width at twice its depth, about 7.4M parameters: a longer match (the tokens before a copy
+    # small's width at twice its depth, about 7.3M parameters: a longer match (the tokens before a copy
     # position) needs more attention layers to compose (docs/pretraining.md, seventeenth series)
     "small_deep": SizePreset(
         vocab_size=4096,
