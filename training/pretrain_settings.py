@@ -3,9 +3,9 @@
 A recipe is a list of stages, each a mix of row kinds trained through the SFT loop from the previous stage's
 weights. The defaults are the best recipe measured so far (docs/pretraining.md), not yet one that reaches
 every target: pure copying of random tokens of varied lengths first, at a constant rate (an induction circuit
-forms after about 1,200-1,900 steps; the run stops if it has not), then quoting lines of short files (files shown with numbered lines, as
-the episode shows them), then the same on respelled files with induction rows mixed in (held-out greedy
-quote_line 0.81, one run), then every kind on longer files.
+forms after about 1,200-1,900 steps; the run stops if it has not), then quoting lines of short files (files
+shown with numbered lines, as the episode shows them), then the same on respelled files with induction rows
+mixed in (held-out greedy quote_line 0.81, one run), then every kind on longer files.
 """
 
 from __future__ import annotations
@@ -54,8 +54,8 @@ class PretrainStage(BaseModel):
         "max_file_lines lines (training/pretrain.py `library_files`), varied real code that ships offline")
     max_final_loss: float | None = Field(
         None, gt=0.0, description="the stage must end below this loss (the mean of its last steps), or the run "
-        "stops there with one line, before any later stage trains on top of it: the induction circuit forms late "
-        "and later the larger the model (docs/pretraining.md), and a stage that ends without it wastes the rest")
+        "stops there with one line, before any later stage trains on top of it: the induction circuit forms late, "
+        "and tends to form later in larger models (docs/pretraining.md); a stage that ends without it wastes the rest")
 
     @field_validator("mix")
     @classmethod
