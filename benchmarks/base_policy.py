@@ -14,14 +14,18 @@
    every `<search>` text occurs in the file; `fix_unseen` = share whose hidden tests pass after the action
    (the sandbox judges); `fix_baseline` = the same for the most frequent training response applied to every
    held-out task, so that a frequent guess never passes for repair. 95% Wilson intervals over tasks. Where
-   search texts fail, sorted (`search_outcome`): invalid action, indentation, near copy, drift; and
+   search texts fail, sorted (`search_outcome`): invalid action, indentation, near copy, drift; where found ones
+   stand (`found_where`): on the bug's line and restoring it, on it and not, or on another line; and
    `named line quoted`: with each task's demonstrated think (which names line K) and edit header forced,
    the share whose search text the policy then writes is line K verbatim (`named_line_quoted`).
 
 The repair tasks show the visible tests' failing run, as `didpo tasks make-repair` makes them
 (`--bare-tasks`: the code only). `--split-by instance` holds out unseen bugs of the training programs instead
 (in-distribution); `--rehearse S` makes a share S of the SFT rows pretraining's copying rows, so that the
-SFT keeps the base's copying; `--lr` and `--sft-steps` set the SFT.
+SFT keeps the base's copying; `--extra-tasks N` adds N repair tasks minted from MBPP's train and validation
+programs (never a test program, so never one held out) to the training side; `--lr` and `--sft-steps` set
+the SFT. `named line quoted` is also asked on the training side's programs: far above the held-out figure, the
+SFT has learnt those programs' lines rather than copying.
 
 Last line: `base_policy: params=<n> copy_acc=<x> search_found=<x> fix_unseen=<x> fix_baseline=<x>`.
 Run: `.venv/bin/python benchmarks/base_policy.py [--base runs/base/final] [--tasks 300 --sft-steps 600]`;
@@ -93,10 +97,39 @@ def _repair_tasks(args, work: Path, judge, families: tuple[str, ...]):
                                     test_fraction=args.test_fraction, split_by=args.split_by)
         write_recipes(recipes, path)
     tasks = load_source("repair", path)
-    return [t for t in tasks if t.split == "train"], [t for t in tasks if t.split == "test"]
+    train, held = [t for t in tasks if t.split == "train"], [t for t in tasks if t.split == "test"]
+    if args.extra_tasks:
+        extra = work / f"repair_extra_seed{args.seed}_n{args.extra_tasks}{bare}{fam}.jsonl"
+        if not extra.is_file():
+            # other programs than the benchmark's (MBPP test): the held-out side stays unseen
+            sources = load_source("mbpp", split="train") + load_source("mbpp", split="validation")
+            verdict = judge_verdict(judge, report=not args.bare_tasks)
+            recipes = make_repair_tasks(sources, verdict, n=args.extra_tasks, bugs=(1, args.max_bugs),
+                                        seed=args.seed, families=families, test_fraction=0.0)
+            write_recipes(recipes, extra)
+        extras = load_source("repair", extra)
+    else:
+        extras = []
+    return train + extras, held, len(extras)
 
 
 SEARCH_OUTCOMES = ("found", "invalid", "no edit", "indentation", "near copy", "drift")
+FOUND_WHERE = ("restored", "bug's line, not restored", "another line")
+
+
+def found_where(bugs, action) -> str:
+    """Where a found edit (its first search/replace) stands against the task's bugs (`meta["bugs"]`): it quotes
+    a bug's line (or, for a deleted line, brings it back) and `restored` it, quotes a bug's line and leaves it
+    wrong, or quotes `another line`: choosing the line and writing its fix, told apart from copying."""
+    edit = next(e for e in action.edits if e.op == "replace")
+    replaced = {line.strip() for line in edit.replace.splitlines()}
+    for bug in bugs:
+        if bug["buggy"] is None:  # a deleted line: no text to quote, the fix brings the original back
+            if bug["original"].strip() in replaced:
+                return "restored"
+        elif bug["buggy"].strip() in {line.strip() for line in edit.search.splitlines()}:
+            return "restored" if bug["original"].strip() in replaced else "bug's line, not restored"
+    return "another line"
 
 
 def search_outcome(workspace, action) -> str:
@@ -154,7 +187,8 @@ def named_line_quoted(checkpoint, tasks, tokenizer, episode, seed: int) -> tuple
 
 
 def _fixes(tasks, responses, judge, max_file_bytes: int) -> tuple[Counter, int]:
-    """(where each response's search text stands, `search_outcome` counted; tasks fixed) for one response each."""
+    """(where each response's search text stands, `search_outcome` counted, and for a found one `found_where`;
+    tasks fixed) for one response each."""
     from pipeline.agent.grammar import InvalidAction, apply_action, parse_response
 
     outcomes: Counter = Counter()
@@ -163,6 +197,8 @@ def _fixes(tasks, responses, judge, max_file_bytes: int) -> tuple[Counter, int]:
         action = parse_response(text)
         outcome = search_outcome(task.workspace, action)
         outcomes[outcome] += 1
+        if outcome == "found" and any(e.op == "replace" for e in action.edits):
+            outcomes[found_where(task.meta["bugs"], action)] += 1
         if outcome in ("invalid", "no edit"):
             continue
         files = apply_action(action, task.workspace, max_file_bytes=max_file_bytes)
@@ -186,6 +222,8 @@ def main() -> None:
                     help="tasks show only the code, not the visible tests' failing run (docs/repair_tasks.md)")
     ap.add_argument("--split-by", choices=("program", "instance"), default="program",
                     help="held-out side: unseen programs, or unseen bugs of the training programs (in-distribution)")
+    ap.add_argument("--extra-tasks", type=int, default=0,
+                    help="repair tasks minted from MBPP's train and validation programs, added to the training side")
     ap.add_argument("--episodes", type=int, default=4, help="demonstrations per training task")
     ap.add_argument("--sft-steps", type=int, default=600)
     ap.add_argument("--lr", type=float, default=1e-3)
@@ -201,6 +239,8 @@ def main() -> None:
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     import torch
 
+    if args.extra_tasks < 0:
+        raise SystemExit(f"base_policy: --extra-tasks {args.extra_tasks}: must be at least 0")
     if args.threads < 1:
         raise SystemExit(f"base_policy: --threads {args.threads}: must be at least 1")
     torch.set_num_threads(args.threads)
@@ -234,9 +274,10 @@ def main() -> None:
     episode = EpisodeSettings(action_spec="brief", max_response_tokens=384)
     with SandboxPool(SandboxSettings(pool_size=2)) as pool:
         judge = Judge(pool)
-        train, held = _repair_tasks(args, work, judge, families)
-        print(f"repair tasks (MBPP test programs, split by {args.split_by}): {len(train)} train, {len(held)} held out",
-              flush=True)
+        train, held, n_extra = _repair_tasks(args, work, judge, families)
+        extra = f" + {n_extra} from MBPP train and validation programs" if n_extra else ""
+        print(f"repair tasks (MBPP test programs, split by {args.split_by}): {len(train) - n_extra} train{extra}, "
+              f"{len(held)} held out", flush=True)
         tokenizer = load_tokenizer(base)
         rows = sft_examples(train, tokenizer, episode, seed=args.seed, mix={"edit": 1.0}, finish_rate=0.0,
                             episodes_per_task=args.episodes)
@@ -261,6 +302,8 @@ def main() -> None:
         frequent, count = Counter(r.response_text for r in rows[:demonstrations]).most_common(1)[0]
         _, baseline = _fixes(held, [frequent] * len(held), judge, episode.max_file_bytes)
         named, asked = named_line_quoted(sft_dir, held, tokenizer, episode, args.seed)
+        seen = train[:len(held)]  # as many as held out: the same cost and interval width
+        named_seen, asked_seen = named_line_quoted(sft_dir, seen, tokenizer, episode, args.seed)
     n = len(held)
     print(f"after repair SFT ({demonstrations} demonstrations, {len(rows) - demonstrations} copy rows, "
           f"{args.sft_steps} steps at lr {args.lr}), greedy on {n} held-out tasks "
@@ -270,7 +313,9 @@ def main() -> None:
     print(f"  fixed          {_share(fixed, n)}")
     print(f"  baseline fixed {_share(baseline, n)} (the most frequent training response, {count} times)")
     print("  search texts   " + ", ".join(f"{k} {outcomes[k]}" for k in SEARCH_OUTCOMES))
+    print("  found texts    " + ", ".join(f"{k} {outcomes[k]}" for k in FOUND_WHERE))
     print(f"  named line quoted {_share(named, asked)} (the demonstration's think and edit header forced)")
+    print(f"  ... on training programs {_share(named_seen, asked_seen)} (the first {asked_seen} training tasks)")
     result = {"params": params, "copy_acc": copy["quote_line"]["accuracy"],
               "error_name": copy["error_name"]["accuracy"],
               "edit_line": copy["edit_line"]["accuracy"],
@@ -280,13 +325,15 @@ def main() -> None:
               "quote_line_leaves": leaves["quote_line"], "quote_twin_leaves": leaves["quote_twin"],
               "search_found": found / n, "fix_unseen": fixed / n,
               "search_outcomes": {k: outcomes[k] for k in SEARCH_OUTCOMES},
-              "named_line_quoted": named / asked,
+              "found_where": {k: outcomes[k] for k in FOUND_WHERE},
+              "named_line_quoted": named / asked, "named_line_quoted_train": named_seen / asked_seen,
               "fix_baseline": baseline / n, "held_out": n, "split_by": args.split_by,
               "failure_shown": not args.bare_tasks, "seed": args.seed,
               "families": list(families),
               "base": str(base),
               "sft": {"steps": args.sft_steps, "lr": args.lr, "demonstrations": demonstrations,
-                      "copy_rows": len(rows) - demonstrations},
+                      "copy_rows": len(rows) - demonstrations, "training_tasks": len(train),
+                      "extra_tasks": n_extra},
               "seconds": round(time.perf_counter() - t0)}
     (sft_dir / "base_policy.json").write_text(json.dumps(result, indent=2) + "\n")
     print(f"base_policy: params={params} copy_acc={result['copy_acc']:.2f} search_found={found / n:.2f} "

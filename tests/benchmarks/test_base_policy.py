@@ -48,6 +48,21 @@ def test_search_outcomes_sort_where_a_search_text_fails(bench):
     assert set(cases) == set(bench.SEARCH_OUTCOMES)
 
 
+def test_found_where_tells_the_bugs_line_and_its_fix_from_another_line(bench):
+    def edit(search, replace):
+        return parse_response(f'<think>\nLine 2 is wrong.\n</think>\n<edit path="solution.py">\n<search>\n{search}\n'
+                              f'</search>\n<replace>\n{replace}\n</replace>\n</edit>\n')
+
+    dropped = [{"line": 3, "family": "drop_return", "original": "    return total", "buggy": "    total"}]
+    assert bench.found_where(dropped, edit("    total", "    return total")) == "restored"
+    assert bench.found_where(dropped, edit("    total", "    return (res)")) == "bug's line, not restored"
+    assert bench.found_where(dropped, edit("    total = 0", "    return total")) == "another line"
+    deleted = [{"line": 2, "family": "delete_line", "original": "    total = 0", "buggy": None}]
+    assert bench.found_where(deleted, edit("def f(xs):", "def f(xs):\n    total = 0")) == "restored"
+    assert bench.found_where(deleted, edit("def f(xs):", "def f(ys):")) == "another line"
+    assert set(bench.FOUND_WHERE) == {"restored", "bug's line, not restored", "another line"}
+
+
 @pytest.mark.slow
 def test_demonstrated_fixes_score_full_and_a_wrong_edit_scores_nothing(bench, tmp_path, tiny_policy):
     with SandboxPool(SandboxSettings(pool_size=1)) as pool:
@@ -74,7 +89,34 @@ def test_demonstrated_fixes_score_full_and_a_wrong_edit_scores_nothing(bench, tm
         assert asked == len(tasks) and 0 <= named <= asked
         outcomes, fixed = bench._fixes(tasks, [first[t.task_id] for t in tasks], judge, 256 * 1024)
         assert (outcomes["found"], fixed) == (len(tasks), len(tasks))
+        assert outcomes["restored"] == len(tasks)  # a demonstration's first edit quotes and restores a bug's line
         wrong = "<think>x</think>\n<edit>\n<file>solution.py</file>\n<search>no such text</search>\n" \
                 "<replace>y</replace>\n</edit>\n"
         outcomes, fixed = bench._fixes(tasks, [wrong] * len(tasks), judge, 256 * 1024)
         assert (outcomes["found"], fixed) == (0, 0)
+
+
+@pytest.mark.slow
+def test_extra_tasks_join_the_training_side_from_programs_never_held_out(bench, tmp_path):
+    import argparse
+    import json
+
+    from pipeline.tasks.mbpp import mbpp_original_split
+    from pipeline.tasks.repair import FAMILIES
+
+    args = argparse.Namespace(seed=0, tasks=6, max_bugs=1, split_by="program", bare_tasks=False, test_fraction=0.5,
+                              extra_tasks=0)
+    with SandboxPool(SandboxSettings(pool_size=1)) as pool:
+        judge = Judge(pool)
+        train, held, n_extra = bench._repair_tasks(args, tmp_path, judge, FAMILIES)
+        args.extra_tasks = 3
+        more, held_again, n_more = bench._repair_tasks(args, tmp_path, judge, FAMILIES)
+    assert n_extra == 0 and n_more == 3 and len(more) == len(train) + 3
+    assert [t.task_id for t in held_again] == [t.task_id for t in held]  # the held-out side does not move
+    assert [t.task_id for t in more[:len(train)]] == [t.task_id for t in train]
+    extras = [json.loads(line) for line in next(tmp_path.glob("repair_extra_*.jsonl")).read_text().splitlines()]
+    assert len(extras) == 3 and all(r["split"] == "train" for r in extras)
+    # every extra program is MBPP train or validation: never a test program, so never a held-out one
+    numbers = [int(r["source_task"].rsplit("/", 1)[1]) for r in extras]
+    assert all(mbpp_original_split(n) in ("train", "validation", "prompt") for n in numbers)
+    assert {t.split for t in more} == {"train"}
