@@ -82,34 +82,29 @@ def _base(args, work: Path) -> Path:
 
 
 def _repair_tasks(args, work: Path, judge, families: tuple[str, ...]):
+    """(training tasks, held-out tasks, how many of the training tasks are `--extra-tasks`), minted once per
+    work folder and settings, then read back."""
     from pipeline.tasks import load_source
     from pipeline.tasks.repair import judge_verdict, make_repair_tasks, write_recipes
+
+    def minted(path: Path, splits: tuple[str, ...], n: int, test_fraction: float):
+        if not path.is_file():
+            sources = [task for split in splits for task in load_source("mbpp", split=split)]
+            recipes = make_repair_tasks(sources, judge_verdict(judge, report=not args.bare_tasks), n=n,
+                                        bugs=(1, args.max_bugs), seed=args.seed, families=families,
+                                        test_fraction=test_fraction, split_by=args.split_by)
+            write_recipes(recipes, path)
+        return load_source("repair", path)
 
     by = "" if args.split_by == "program" else f"_by_{args.split_by}"
     bare = "_bare" if args.bare_tasks else ""
     fam = "" if families == FAMILIES else "_" + "-".join(families)
-    path = work / f"repair_seed{args.seed}_n{args.tasks}{by}{bare}{fam}.jsonl"
-    if not path.is_file():
-        sources = load_source("mbpp", split="test")
-        verdict = judge_verdict(judge, report=not args.bare_tasks)
-        recipes = make_repair_tasks(sources, verdict, n=args.tasks, bugs=(1, args.max_bugs), seed=args.seed,
-                                    families=families,
-                                    test_fraction=args.test_fraction, split_by=args.split_by)
-        write_recipes(recipes, path)
-    tasks = load_source("repair", path)
+    tasks = minted(work / f"repair_seed{args.seed}_n{args.tasks}{by}{bare}{fam}.jsonl", ("test",), args.tasks,
+                   args.test_fraction)
     train, held = [t for t in tasks if t.split == "train"], [t for t in tasks if t.split == "test"]
-    if args.extra_tasks:
-        extra = work / f"repair_extra_seed{args.seed}_n{args.extra_tasks}{bare}{fam}.jsonl"
-        if not extra.is_file():
-            # other programs than the benchmark's (MBPP test): the held-out side stays unseen
-            sources = load_source("mbpp", split="train") + load_source("mbpp", split="validation")
-            verdict = judge_verdict(judge, report=not args.bare_tasks)
-            recipes = make_repair_tasks(sources, verdict, n=args.extra_tasks, bugs=(1, args.max_bugs),
-                                        seed=args.seed, families=families, test_fraction=0.0)
-            write_recipes(recipes, extra)
-        extras = load_source("repair", extra)
-    else:
-        extras = []
+    # other programs than the benchmark's (MBPP test), all on the training side: the held-out side stays unseen
+    extras = minted(work / f"repair_extra_seed{args.seed}_n{args.extra_tasks}{bare}{fam}.jsonl",
+                    ("train", "validation"), args.extra_tasks, 0.0) if args.extra_tasks else []
     return train + extras, held, len(extras)
 
 
@@ -123,11 +118,12 @@ def found_where(bugs, action) -> str:
     wrong, or quotes `another line`: choosing the line and writing its fix, told apart from copying."""
     edit = next(e for e in action.edits if e.op == "replace")
     replaced = {line.strip() for line in edit.replace.splitlines()}
+    quoted = {line.strip() for line in edit.search.splitlines()}
     for bug in bugs:
         if bug["buggy"] is None:  # a deleted line: no text to quote, the fix brings the original back
             if bug["original"].strip() in replaced:
                 return "restored"
-        elif bug["buggy"].strip() in {line.strip() for line in edit.search.splitlines()}:
+        elif bug["buggy"].strip() in quoted:
             return "restored" if bug["original"].strip() in replaced else "bug's line, not restored"
     return "another line"
 
