@@ -17,13 +17,17 @@
    search texts fail, sorted (`search_outcome`): invalid action, indentation, near copy, drift; where found ones
    stand (`found_where`): on the bug's line and restoring it, on it and not, or on another line; and
    `named line quoted`: with each task's demonstrated think (which names line K) and edit header forced,
-   the share whose search text the policy then writes is line K verbatim (`named_line_quoted`).
+   the share whose search text the policy then writes is line K verbatim (`named_line_quoted`). Per bug
+   family (`by_family`): tasks, `line chosen` (the think names the line the demonstration names), found,
+   restored, fixed: where the choice of the line, its copy and its fix each stand.
 
 The repair tasks show the visible tests' failing run, as `didpo tasks make-repair` makes them
 (`--bare-tasks`: the code only). `--split-by instance` holds out unseen bugs of the training programs instead
 (in-distribution); `--rehearse S` makes a share S of the SFT rows pretraining's copying rows, so that the
 SFT keeps the base's copying; `--extra-tasks N` adds N repair tasks minted from MBPP's train and validation
-programs (never a test program, so never one held out) to the training side; `--lr` and `--sft-steps` set
+programs (never a test program, so never one held out) to the training side; `--fix-rows N` adds N rows of
+pretraining's `fix_line` kind (a repair turn without a test run on a respelled MBPP train or validation
+program or standard-library function: name the bug's line, quote it, restore it); `--lr` and `--sft-steps` set
 the SFT. `named line quoted` is also asked on the training side's programs: far above the held-out figure, the
 SFT has learnt those programs' lines rather than copying.
 
@@ -108,6 +112,16 @@ def _repair_tasks(args, work: Path, judge, families: tuple[str, ...]):
     return train + extras, held, len(extras)
 
 
+def fix_line_files(seed: int) -> list[tuple[str, str]]:
+    """The files `--fix-rows` mutates: MBPP's train and validation programs (never a test program, so never
+    one held out) and as many standard-library functions (too plentiful to learn by heart)."""
+    from pipeline.tasks import load_source
+    from training.pretrain import library_files, pretrain_files
+
+    programs = pretrain_files([*load_source("mbpp", split="train"), *load_source("mbpp", split="validation")])
+    return programs + library_files(len(programs), seed)
+
+
 SEARCH_OUTCOMES = ("found", "invalid", "no edit", "indentation", "near copy", "drift")
 FOUND_WHERE = ("restored", "bug's line, not restored", "another line")
 
@@ -182,25 +196,54 @@ def named_line_quoted(checkpoint, tasks, tokenizer, episode, seed: int) -> tuple
     return hits, len(rows)
 
 
-def _fixes(tasks, responses, judge, max_file_bytes: int) -> tuple[Counter, int]:
-    """(where each response's search text stands, `search_outcome` counted, and for a found one `found_where`;
-    tasks fixed) for one response each."""
-    from pipeline.agent.grammar import InvalidAction, apply_action, parse_response
+def named_line(action) -> int | None:
+    """The line number a parsed action's think names ("line K", the demonstrations' wordings), or None."""
+    import re
 
-    outcomes: Counter = Counter()
-    fixed = 0
+    found = re.search(r"\bline (\d+)", action.think or "", flags=re.IGNORECASE) if action.ok else None
+    return int(found.group(1)) if found else None
+
+
+def bug_family(task) -> str:
+    bugs = task.meta["bugs"]
+    return bugs[0]["family"] if len(bugs) == 1 else "several bugs"
+
+
+def judged(tasks, responses, judge, max_file_bytes: int) -> list[dict]:
+    """Per task, its one response judged: `outcome` (`search_outcome`), `where` (`found_where` of a found edit,
+    else ""), `line_chosen` (the think names the line the task's demonstration names: `repair_line`) and
+    `fixed` (the hidden tests pass after it, in the sandbox)."""
+    from pipeline.agent.grammar import InvalidAction, apply_action, parse_response
+    from training.demonstrations import repair_line, solution_files
+
+    out = []
     for task, text in zip(tasks, responses, strict=True):
         action = parse_response(text)
         outcome = search_outcome(task.workspace, action)
-        outcomes[outcome] += 1
-        if outcome == "found" and any(e.op == "replace" for e in action.edits):
-            outcomes[found_where(task.meta["bugs"], action)] += 1
-        if outcome in ("invalid", "no edit"):
-            continue
-        files = apply_action(action, task.workspace, max_file_bytes=max_file_bytes)
-        if not isinstance(files, InvalidAction) and judge.run(task, files, hidden=True).status == "passed":
-            fixed += 1
-    return outcomes, fixed
+        found_edit = outcome == "found" and any(e.op == "replace" for e in action.edits)
+        fixed = False
+        if outcome not in ("invalid", "no edit"):
+            files = apply_action(action, task.workspace, max_file_bytes=max_file_bytes)
+            fixed = not isinstance(files, InvalidAction) and judge.run(task, files, hidden=True).status == "passed"
+        out.append({"family": bug_family(task), "outcome": outcome,
+                    "where": found_where(task.meta["bugs"], action) if found_edit else "",
+                    "line_chosen": named_line(action) == repair_line(task.workspace, solution_files(task)),
+                    "fixed": fixed})
+    return out
+
+
+BY_FAMILY = ("tasks", "line_chosen", "found", "restored", "fixed")
+
+
+def by_family(records: list[dict]) -> dict[str, dict[str, int]]:
+    """Per bug family: tasks, thinks naming the demonstrated line, search texts found, found edits that
+    restore the bug's line, fixes: where the line choice, the copy and the fix each stand."""
+    table: dict[str, Counter] = {}
+    for r in records:
+        row = table.setdefault(r["family"], Counter())
+        row.update(tasks=1, line_chosen=r["line_chosen"], found=r["outcome"] == "found",
+                   restored=r["where"] == "restored", fixed=r["fixed"])
+    return {family: {k: int(table[family][k]) for k in BY_FAMILY} for family in sorted(table)}
 
 
 def main() -> None:
@@ -225,6 +268,9 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--rehearse", type=float, default=0.0,
                     help="share of SFT rows that are pretraining copy rows (training/pretrain.py `rehearsal_examples`)")
+    ap.add_argument("--fix-rows", type=int, default=0,
+                    help="SFT rows of pretraining's fix_line kind (a repair turn on a respelled file: name the bug's "
+                    "line, quote it, restore it) on MBPP train and validation programs and standard-library functions")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch CPU threads (1: what the figures in docs/pretraining.md used, unless they say)")
     args = ap.parse_args()
@@ -235,8 +281,9 @@ def main() -> None:
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     import torch
 
-    if args.extra_tasks < 0:
-        raise SystemExit(f"base_policy: --extra-tasks {args.extra_tasks}: must be at least 0")
+    for option, value in (("--extra-tasks", args.extra_tasks), ("--fix-rows", args.fix_rows)):
+        if value < 0:
+            raise SystemExit(f"base_policy: {option} {value}: must be at least 0")
     if args.threads < 1:
         raise SystemExit(f"base_policy: --threads {args.threads}: must be at least 1")
     torch.set_num_threads(args.threads)
@@ -246,7 +293,7 @@ def main() -> None:
     from pipeline.sandbox import Judge, SandboxPool, SandboxSettings
     from pipeline.tasks import load_source
     from training.demonstrations import sft_examples
-    from training.pretrain import held_out_abilities, pretrain_files, rehearsal_examples
+    from training.pretrain import held_out_abilities, pretrain_examples, pretrain_files, rehearsal_examples
     from training.sft import evaluate_actions, train_sft
     from training.sft_settings import SftSettings
 
@@ -279,10 +326,12 @@ def main() -> None:
                             episodes_per_task=args.episodes)
         rows = [r for r in rows if r.kind == "edit"]
         demonstrations = len(rows)
-        if args.rehearse:
-            n_copy = round(args.rehearse / (1 - args.rehearse) * demonstrations)
-            rows += rehearsal_examples(pretrain_files(load_source("mbpp", split="train")), tokenizer, n=n_copy,
-                                       seed=args.seed)
+        copy_rows = rehearsal_examples(pretrain_files(load_source("mbpp", split="train")), tokenizer,
+                                       n=round(args.rehearse / (1 - args.rehearse) * demonstrations),
+                                       seed=args.seed) if args.rehearse else []
+        fix_rows = pretrain_examples(fix_line_files(args.seed), tokenizer, n=args.fix_rows, seed=args.seed,
+                                     mix={"fix_line": 1.0}, respell=True) if args.fix_rows else []
+        rows += copy_rows + fix_rows
         weights = hashlib.sha256((base / "model.safetensors").read_bytes()).hexdigest()[:12]
         demos = hashlib.sha256(json.dumps([(r.prompt_ids, r.response_ids) for r in rows]).encode()).hexdigest()[:8]
         # per base and demonstrations: a finished SFT is reused only for the same inputs
@@ -293,15 +342,16 @@ def main() -> None:
                                                    seed=args.seed))
         policy = PolicySettings(checkpoint=str(sft_dir), temperature=0.0, max_new_tokens=384)
         ev = evaluate_actions(sft_dir, held, episode, policy, seed=args.seed)
-        outcomes, fixed = _fixes(held, ev["responses"], judge, episode.max_file_bytes)
-        found = outcomes["found"]
+        records = judged(held, ev["responses"], judge, episode.max_file_bytes)
+        outcomes = Counter(r["outcome"] for r in records) + Counter(r["where"] for r in records if r["where"])
+        found, fixed = outcomes["found"], sum(r["fixed"] for r in records)
         frequent, count = Counter(r.response_text for r in rows[:demonstrations]).most_common(1)[0]
-        _, baseline = _fixes(held, [frequent] * len(held), judge, episode.max_file_bytes)
+        baseline = sum(r["fixed"] for r in judged(held, [frequent] * len(held), judge, episode.max_file_bytes))
         named, asked = named_line_quoted(sft_dir, held, tokenizer, episode, args.seed)
         seen = train[:len(held)]  # as many as held out: the same cost and interval width
         named_seen, asked_seen = named_line_quoted(sft_dir, seen, tokenizer, episode, args.seed)
     n = len(held)
-    print(f"after repair SFT ({demonstrations} demonstrations, {len(rows) - demonstrations} copy rows, "
+    print(f"after repair SFT ({demonstrations} demonstrations, {len(copy_rows)} copy rows, {len(fix_rows)} fix rows, "
           f"{args.sft_steps} steps at lr {args.lr}), greedy on {n} held-out tasks "
           f"({'unseen programs' if args.split_by == 'program' else 'unseen bugs of training programs'}):")
     print(f"  valid action   {_share(ev['valid'], n)}")
@@ -310,6 +360,10 @@ def main() -> None:
     print(f"  baseline fixed {_share(baseline, n)} (the most frequent training response, {count} times)")
     print("  search texts   " + ", ".join(f"{k} {outcomes[k]}" for k in SEARCH_OUTCOMES))
     print("  found texts    " + ", ".join(f"{k} {outcomes[k]}" for k in FOUND_WHERE))
+    per_family = by_family(records)
+    print("  by bug family  " + "".join(f"{k.replace('_', ' '):>12}" for k in BY_FAMILY))
+    for family, row in per_family.items():
+        print(f"    {family:<13}" + "".join(f"{row[k]:>12}" for k in BY_FAMILY))
     print(f"  named line quoted {_share(named, asked)} (the demonstration's think and edit header forced)")
     print(f"  ... on training programs {_share(named_seen, asked_seen)} (the first {asked_seen} training tasks)")
     result = {"params": params, "copy_acc": copy["quote_line"]["accuracy"],
@@ -321,14 +375,14 @@ def main() -> None:
               "quote_line_leaves": leaves["quote_line"], "quote_twin_leaves": leaves["quote_twin"],
               "search_found": found / n, "fix_unseen": fixed / n,
               "search_outcomes": {k: outcomes[k] for k in SEARCH_OUTCOMES},
-              "found_where": {k: outcomes[k] for k in FOUND_WHERE},
+              "found_where": {k: outcomes[k] for k in FOUND_WHERE}, "by_family": per_family,
               "named_line_quoted": named / asked, "named_line_quoted_train": named_seen / asked_seen,
               "fix_baseline": baseline / n, "held_out": n, "split_by": args.split_by,
               "failure_shown": not args.bare_tasks, "seed": args.seed,
               "families": list(families),
               "base": str(base),
               "sft": {"steps": args.sft_steps, "lr": args.lr, "demonstrations": demonstrations,
-                      "copy_rows": len(rows) - demonstrations, "training_tasks": len(train),
+                      "copy_rows": len(copy_rows), "fix_rows": len(fix_rows), "training_tasks": len(train),
                       "extra_tasks": n_extra},
               "seconds": round(time.perf_counter() - t0)}
     (sft_dir / "base_policy.json").write_text(json.dumps(result, indent=2) + "\n")

@@ -188,6 +188,12 @@ def _first_line(files: Mapping[str, str], edit: Edit) -> int:
     return text.count("\n", 0, at) + 1 if at >= 0 else 1
 
 
+def repair_line(before: Mapping[str, str], target: Mapping[str, str]) -> int:
+    """The line (1-based) a repair demonstration's think names: where its first edit from `before` to
+    `target` starts (for a deleted line, the line its search text starts on, next to the gap)."""
+    return _first_line(before, _edit_edits(before, target)[0])
+
+
 def _append_edits(before: Mapping[str, str], after: Mapping[str, str]) -> list[Edit] | None:
     changed = [p for p in sorted(after) if before.get(p) != after[p]]
     if not all(p in before and before[p].endswith("\n") and after[p].startswith(before[p]) for p in changed):
@@ -204,7 +210,7 @@ def _first_turn(kind: str, task: Task, target: dict[str, str], rng: random.Rando
     if kind == "edit":
         edits = _edit_edits(before, target)
         if "bugs" in task.meta:  # a repair task: say where the bug is, not that a body is missing
-            think = bug_think(rng, path=values["path"], name=values["name"], line=_first_line(before, edits[0]))
+            think = bug_think(rng, path=values["path"], name=values["name"], line=repair_line(before, target))
         else:
             think = _think("edit", rng, **values)
         return _action("edit", think, edits), "edit", None

@@ -1,4 +1,4 @@
-"""benchmarks/base_policy.py's scoring: the demonstrated fixes of held-out repair tasks are found and fix every
+"""benchmarks/base_policy.py's scoring: the demonstrated fixes of held-out repair tasks name their line, are found and fix every
 task in the sandbox; a response that edits nothing real finds and fixes none; the Wilson interval by hand."""
 
 from __future__ import annotations
@@ -63,6 +63,38 @@ def test_found_where_tells_the_bugs_line_and_its_fix_from_another_line(bench):
     assert set(bench.FOUND_WHERE) == {"restored", "bug's line, not restored", "another line"}
 
 
+def test_named_line_reads_the_thinks_line_number(bench):
+    def think(text):
+        return parse_response(f"<think>\n{text}\n</think>\n<run_tests/>\n")
+
+    assert bench.named_line(think("The bug in `f` is on line 12.")) == 12
+    assert bench.named_line(think("Line 3 of solution.py is wrong; I fix it. Not line 9.")) == 3
+    assert bench.named_line(think("The tests fail; I look again.")) is None
+    assert bench.named_line(parse_response("no action at all")) is None
+
+
+def test_by_family_counts_each_stage_of_a_repair(bench):
+    records = [
+        {"family": "drop_return", "outcome": "found", "where": "restored", "line_chosen": True, "fixed": True},
+        {"family": "drop_return", "outcome": "found", "where": "another line", "line_chosen": False, "fixed": False},
+        {"family": "misspell", "outcome": "drift", "where": "", "line_chosen": True, "fixed": False},
+    ]
+    assert bench.by_family(records) == {
+        "drop_return": {"tasks": 2, "line_chosen": 1, "found": 2, "restored": 1, "fixed": 1},
+        "misspell": {"tasks": 1, "line_chosen": 1, "found": 0, "restored": 0, "fixed": 0},
+    }
+
+
+def test_fix_line_files_hold_no_held_out_program(bench):
+    from training.pretrain import pretrain_files
+
+    files = bench.fix_line_files(seed=0)
+    held_out = {text for _, text in pretrain_files(load_source("mbpp", split="test"))}
+    library = [path for path, _ in files if path.startswith("lib_")]
+    assert files and len(library) == len(files) - len(library)  # as many library functions as programs
+    assert not held_out & {text for _, text in files}
+
+
 @pytest.mark.slow
 def test_demonstrated_fixes_score_full_and_a_wrong_edit_scores_nothing(bench, tmp_path, tiny_policy):
     with SandboxPool(SandboxSettings(pool_size=1)) as pool:
@@ -87,13 +119,18 @@ def test_demonstrated_fixes_score_full_and_a_wrong_edit_scores_nothing(bench, tm
         named, asked = bench.named_line_quoted(tiny_policy, tasks, load_tokenizer(tiny_policy),
                                                EpisodeSettings(action_spec="brief"), 0)
         assert asked == len(tasks) and 0 <= named <= asked
-        outcomes, fixed = bench._fixes(tasks, [first[t.task_id] for t in tasks], judge, 256 * 1024)
-        assert (outcomes["found"], fixed) == (len(tasks), len(tasks))
-        assert outcomes["restored"] == len(tasks)  # a demonstration's first edit quotes and restores a bug's line
+        records = bench.judged(tasks, [first[t.task_id] for t in tasks], judge, 256 * 1024)
+        # a demonstration names its own line, and its first edit quotes and restores a bug's line
+        assert all(r["outcome"] == "found" and r["where"] == "restored" and r["line_chosen"] and r["fixed"]
+                   for r in records)
+        table = bench.by_family(records)
+        assert sum(row["tasks"] for row in table.values()) == len(tasks)
+        assert all(row["tasks"] == row["line_chosen"] == row["found"] == row["restored"] == row["fixed"]
+                   for row in table.values())
         wrong = "<think>x</think>\n<edit>\n<file>solution.py</file>\n<search>no such text</search>\n" \
                 "<replace>y</replace>\n</edit>\n"
-        outcomes, fixed = bench._fixes(tasks, [wrong] * len(tasks), judge, 256 * 1024)
-        assert (outcomes["found"], fixed) == (0, 0)
+        records = bench.judged(tasks, [wrong] * len(tasks), judge, 256 * 1024)
+        assert not any(r["outcome"] == "found" or r["line_chosen"] or r["fixed"] for r in records)
 
 
 @pytest.mark.slow
