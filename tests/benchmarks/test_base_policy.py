@@ -1,5 +1,6 @@
-"""benchmarks/base_policy.py's scoring: the demonstrated fixes of held-out repair tasks name their line, are found and fix every
-task in the sandbox; a response that edits nothing real finds and fixes none; the Wilson interval by hand."""
+"""benchmarks/base_policy.py's scoring: the demonstrated fixes of held-out repair tasks name their line, are
+found and fix every task in the sandbox; a response that edits nothing real finds and fixes none; the Wilson
+interval by hand."""
 
 from __future__ import annotations
 
