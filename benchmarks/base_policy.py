@@ -31,7 +31,8 @@ program or standard-library function: name the bug's line, quote it, restore it)
 the SFT. `named line quoted` is also asked on the training side's programs: far above the held-out figure, the
 SFT has learnt those programs' lines rather than copying.
 
-Last line: `base_policy: params=<n> copy_acc=<x> search_found=<x> fix_unseen=<x> fix_baseline=<x>`.
+Last line: `base_policy: params=<n> copy_acc=<x> search_found=<x> fix_unseen=<x> fix_baseline=<x>`; the
+SFT's folder keeps base_policy.json: every figure, and each held-out task's answer as judged.
 Run: `.venv/bin/python benchmarks/base_policy.py [--base runs/base/final] [--tasks 300 --sft-steps 600]`;
 without a base checkpoint it pretrains one with the default recipe first (`didpo model pretrain`, about an
 hour on two cores; resumable). `--threads 2` uses both cores of a 2-core box (a `small` base: about 20
@@ -197,11 +198,12 @@ def named_line_quoted(checkpoint, tasks, tokenizer, episode, seed: int) -> tuple
 
 
 def named_line(action) -> int | None:
-    """The line number a parsed action's think names ("line K", the demonstrations' wordings), or None."""
+    """The line number a parsed action's think names last ("line K", the demonstrations' wordings, after the
+    failing run's own line where it quotes one), or None."""
     import re
 
-    found = re.search(r"\bline (\d+)", action.think or "", flags=re.IGNORECASE) if action.ok else None
-    return int(found.group(1)) if found else None
+    found = re.findall(r"\bline (\d+)", action.think or "", flags=re.IGNORECASE) if action.ok else []
+    return int(found[-1]) if found else None
 
 
 def bug_family(task) -> str:
@@ -384,7 +386,10 @@ def main() -> None:
               "sft": {"steps": args.sft_steps, "lr": args.lr, "demonstrations": demonstrations,
                       "copy_rows": len(copy_rows), "fix_rows": len(fix_rows), "training_tasks": len(train),
                       "extra_tasks": n_extra},
-              "seconds": round(time.perf_counter() - t0)}
+              "seconds": round(time.perf_counter() - t0),
+              # each held-out task's greedy answer as judged, to read without generating again
+              "held_out_answers": [{"task_id": t.task_id, "response": text, **r}
+                                   for t, text, r in zip(held, ev["responses"], records, strict=True)]}
     (sft_dir / "base_policy.json").write_text(json.dumps(result, indent=2) + "\n")
     print(f"base_policy: params={params} copy_acc={result['copy_acc']:.2f} search_found={found / n:.2f} "
           f"fix_unseen={fixed / n:.2f} fix_baseline={baseline / n:.2f}")

@@ -69,7 +69,8 @@ def test_named_line_reads_the_thinks_line_number(bench):
         return parse_response(f"<think>\n{text}\n</think>\n<run_tests/>\n")
 
     assert bench.named_line(think("The bug in `f` is on line 12.")) == 12
-    assert bench.named_line(think("Line 3 of solution.py is wrong; I fix it. Not line 9.")) == 3
+    assert bench.named_line(think("The test fails with NameError: name 'x' is not defined (solution.py, line 9)\n"
+                                  "Line 3 of solution.py is wrong; I fix it.")) == 3
     assert bench.named_line(think("The tests fail; I look again.")) is None
     assert bench.named_line(parse_response("no action at all")) is None
 
