@@ -198,8 +198,8 @@ def named_line_quoted(checkpoint, tasks, tokenizer, episode, seed: int) -> tuple
 
 
 def named_line(action) -> int | None:
-    """The line number a parsed action's think names last ("line K", the demonstrations' wordings, after the
-    failing run's own line where it quotes one), or None."""
+    """The line number a parsed action's think names ("line K", the demonstrations' wordings; the last one
+    where it names several: its conclusion), or None."""
     import re
 
     found = re.findall(r"\bline (\d+)", action.think or "", flags=re.IGNORECASE) if action.ok else []
@@ -353,8 +353,8 @@ def main() -> None:
         seen = train[:len(held)]  # as many as held out: the same cost and interval width
         named_seen, asked_seen = named_line_quoted(sft_dir, seen, tokenizer, episode, args.seed)
     n = len(held)
-    print(f"after repair SFT ({demonstrations} demonstrations, {len(copy_rows)} copy rows, {len(fix_rows)} fix rows, "
-          f"{args.sft_steps} steps at lr {args.lr}), greedy on {n} held-out tasks "
+    print(f"after repair SFT ({demonstrations} demonstrations, {len(copy_rows)} copy rows, "
+          f"{len(fix_rows)} fix rows, {args.sft_steps} steps at lr {args.lr}), greedy on {n} held-out tasks "
           f"({'unseen programs' if args.split_by == 'program' else 'unseen bugs of training programs'}):")
     print(f"  valid action   {_share(ev['valid'], n)}")
     print(f"  search found   {_share(found, n)}")

@@ -210,7 +210,8 @@ def _first_turn(kind: str, task: Task, target: dict[str, str], rng: random.Rando
     if kind == "edit":
         edits = _edit_edits(before, target)
         if "bugs" in task.meta:  # a repair task: say where the bug is, not that a body is missing
-            think = bug_think(rng, path=values["path"], name=values["name"], line=repair_line(before, target))
+            # repair_line's line, from the edits already made
+            think = bug_think(rng, path=values["path"], name=values["name"], line=_first_line(before, edits[0]))
         else:
             think = _think("edit", rng, **values)
         return _action("edit", think, edits), "edit", None
