@@ -588,7 +588,8 @@ def pretrain(settings: Any, work_dir: Any, *, command: str = "") -> dict[str, An
             raise ValueError(
                 f"stage {i}-{stage.name} ended at loss {report.final_loss:.3f}, not below its max_final_loss "
                 f"{stage.max_final_loss}: what it should teach has not been learnt (kept in {report.out_dir}); "
-                f"give the stage more steps (pretrain.stages) and another --out")
+                f"give the stage more steps (pretrain.stages) or start from another seed (pretrain.seed), "
+                f"with another --out")
         previous = Path(report.out_dir)
         stages.append({"name": stage.name, "steps": report.total_steps, "files": len(short),
                        "mosaic_files": len(mosaic), "library_files": len(library), "rows": len(rows), "first_loss": report.first_loss,
