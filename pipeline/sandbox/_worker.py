@@ -52,6 +52,9 @@ MAX_MSG_BYTES = _rpc.MAX_MSG_BYTES
 NotPlain, encode, decode = _rpc.NotPlain, _rpc.encode, _rpc.decode
 write_msg, read_msg, _HDR = _rpc.write_msg, _rpc.read_msg, _rpc._HDR
 MAX_PATH_DEPTH = 32  # directory levels of one workspace path
+# how long the worker waits for the zygote's report of a U that closed its output as T decided; only a U that
+# closed it and lives on costs the whole wait (it is killed after it, as any U left over)
+CODE_EXIT_GRACE_S = 1.0
 RPC_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_rpc.py")
 
 
@@ -880,6 +883,12 @@ class Slot:
             if "test" not in pending.values():  # T decided: drain what is already written, then stop U
                 ready = select.select(fds, [], [], 0)[0]
                 if not ready:
+                    code = [pid for pid, role in pending.items() if role == "code"]
+                    if code and all(c.eof for c in caps.values()):
+                        # U let go of its output: it most likely ended on its own (a CPU limit, a crash) and T
+                        # reported that at once; U's exit, which the zygote reports a moment later, names why
+                        self.zygote.wait_exit(code[0], CODE_EXIT_GRACE_S)
+                        exits.update((pending.pop(pid), st) for pid, st in self._exited() if pid in pending)
                     break
             else:
                 left = deadline - time.monotonic()

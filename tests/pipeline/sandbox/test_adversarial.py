@@ -309,3 +309,23 @@ def test_arithmetic_with_the_tests_values_cannot_fake_a_comparison(judge, task_f
     assert judge.run(task_factory("pytest", tests), {"solution.py": liar}).status == "failed"
     assert judge.run(task_factory(tests=check), {"solution.py": liar}).status == "failed"
     assert judge.run(task_factory("pytest", tests), {"solution.py": GOOD}).status == "passed"
+
+
+# The candidate ends on its CPU limit (SIGXCPU, here raised at once) and the harness, seeing its channel close,
+# reports that and exits at the same moment: whichever the sandbox hears of first, the status is the limit's.
+CPU_LIMIT_AT_IMPORT = "import os, signal\nos.kill(os.getpid(), signal.SIGXCPU)\n" + GOOD
+
+
+@pytest.mark.parametrize("kind", ["check", "io"])
+def test_a_candidate_ended_by_its_cpu_limit_times_out_whoever_reports_first(judge, task_factory, kind):
+    statuses = [_run_hostile(judge, task_factory, CPU_LIMIT_AT_IMPORT, kind=kind).exec_status for _ in range(12)]
+    assert statuses == ["timeout"] * 12
+
+
+def test_a_right_candidate_that_closes_its_output_still_passes(judge, task_factory):
+    """Closing stdout and stderr looks like an ended process to the sandbox, which then waits a moment for its
+    exit: one that lives on past the tests (its exit replaced by a long sleep) is not taken for a crash, and is
+    stopped as any other."""
+    code = "import os, time\nos.close(1)\nos.close(2)\nos._exit = lambda code: time.sleep(30)\n" + GOOD
+    for kind in ("check", "io"):
+        assert _run_hostile(judge, task_factory, code, kind=kind).exec_status == "passed"
