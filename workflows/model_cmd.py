@@ -106,6 +106,6 @@ def pretrain(
         raise UserError(str(e)) from None
     for stage in report["stages"]:
         typer.echo(f"stage {stage['name']}: {stage['steps']} steps on {stage['files']} files, "
-                   f"loss {stage['first_loss']:.3f} -> {stage['final_loss']:.3f}")
+                   f"loss {stage['first_loss']:.3f} -> {stage['end_loss']:.3f} (median of its last steps)")
     held = ", ".join(f"{k} {v['accuracy']:.2f}" for k, v in report["held_out"].items())
     typer.echo(f"base policy: {report['parameters']:,} parameters in {out / 'final'}; held-out copying: {held}")

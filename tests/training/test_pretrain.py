@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import random
 import re
 
@@ -550,8 +551,20 @@ def test_the_default_stages_loss_bars_pass_the_shipped_base_recipe_run():
     from pipeline.assets import PRETRAIN_REPORT, asset_dir
 
     report = json.loads((asset_dir("models") / "base" / PRETRAIN_REPORT).read_text())
-    ended = {stage["name"]: stage["final_loss"] for stage in report["stages"]}
+    # that run's report predates `end_loss` (the median of the last 50 steps): its five-step mean stands in
+    ended = {stage["name"]: stage.get("end_loss", stage["final_loss"]) for stage in report["stages"]}
     barred = [s for s in DEFAULT_STAGES if s.max_final_loss is not None]
     assert {s.name for s in barred} >= {"induction", "files"}
     for stage in barred:
         assert ended[stage.name] < stage.max_final_loss, stage.name
+
+
+def test_a_stages_end_loss_is_the_median_of_its_last_steps_blind_to_spikes():
+    from training.pretrain import end_loss
+
+    flat = [0.5] * 45 + [0.1, 3.0, 0.1, 4.0, 0.2]  # a stage that never dropped, spiking either way at its end
+    assert end_loss(flat) == 0.5
+    dropped = [5.0] * 100 + [0.1] * 49 + [2.5]
+    assert end_loss(dropped) == 0.1
+    assert end_loss(dropped, window=150) == 5.0  # a window reaching back before the drop sees the plateau
+    assert math.isnan(end_loss([])) and math.isnan(end_loss([0.1, float("nan"), 0.1]))
