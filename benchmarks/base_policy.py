@@ -4,6 +4,8 @@
    `quote_line` (quote line N of the shown file), `error_name` (repeat the name a NameError names),
    `edit_line` (asked to change line N, an action whose search text is line N verbatim), `quote_twin` (quote
    line N of a file that holds 1-3 near twins of it: the copy must match more than the last token or two),
+   `quote_line_forced`: the quote_line questions teacher-forced, the line located (its first token that is not
+   blank right) and then copied (positions right, where the two tokens before are ambiguous and elsewhere),
    `quote_line_in_episode`: the quote_line questions after the episode's system message, as repairs are asked,
    and `induction_repeats`: random ids of a few distinct tokens copied whole, where the token or two before a
    position do not say what comes next (no file: the copy a drifting line lacks).
@@ -310,6 +312,10 @@ def main() -> None:
     for kind, res in copy.items():
         where = "random  " if kind.startswith("induction") else "held-out"  # random ids: nothing was held out
         print(f"  {where} {kind:<21} {_share(round(res['accuracy'] * res['n']), res['n'])}", flush=True)
+    forced = copy["quote_line_forced"]
+    print(f"  quote_line teacher-forced: line located {forced['accuracy']:.2f}, then copied {forced['copy']:.3f} "
+          f"of positions ({forced['copy_ambiguous']:.3f} where the two tokens before are ambiguous, "
+          f"{forced['copy_other']:.3f} elsewhere)", flush=True)
     leaves = {kind: res["where_copies_leave"] for kind, res in copy.items() if "where_copies_leave" in res}
     for kind, leave in leaves.items():
         print(f"  {kind} copies that leave the line: {leave['left']}, {leave['left_ambiguous']} where the two "

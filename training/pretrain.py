@@ -407,6 +407,20 @@ def greedy_responses(checkpoint: Any, prompts: Sequence[Sequence[int]], *, max_n
                 for r in generator.generate(requests[lo:lo + batch_size])]
 
 
+def _questions(tokenizer: Any, files: Sequence[tuple[str, str]], *, n: int, seed: int, kind: str,
+               action_spec: str | None = None) -> tuple[list[tuple[int, ...]], list[str]]:
+    """`n` seeded questions of `kind` on `files`: (prompt ids, wanted answer) pairs, the same for a seed."""
+    rng = random.Random(seed)
+    asks, answers = [], []
+    while len(asks) < n:
+        path, text = files[rng.randrange(len(files))]
+        task = copy_task(kind, path, text, rng)
+        if task is not None:
+            asks.append(prompt_ids(tokenizer, task[0], action_spec and system_prompt(action_spec)))
+            answers.append(task[1])
+    return asks, answers
+
+
 def copy_accuracy(checkpoint: Any, files: Sequence[tuple[str, str]], *, n: int, seed: int,
                   kind: str = "quote_line", batch_size: int = 8, device: str = "cpu",
                   action_spec: str | None = None) -> dict[str, Any]:
@@ -416,14 +430,7 @@ def copy_accuracy(checkpoint: Any, files: Sequence[tuple[str, str]], *, n: int, 
     from pipeline.policy.loading import load_tokenizer
 
     tokenizer = load_tokenizer(checkpoint)
-    rng = random.Random(seed)
-    asks, answers = [], []
-    while len(asks) < n:
-        path, text = files[rng.randrange(len(files))]
-        task = copy_task(kind, path, text, rng)
-        if task is not None:
-            asks.append(prompt_ids(tokenizer, task[0], action_spec and system_prompt(action_spec)))
-            answers.append(task[1])
+    asks, answers = _questions(tokenizer, files, n=n, seed=seed, kind=kind, action_spec=action_spec)
     longest = max(len(tokenizer(a, add_special_tokens=False)["input_ids"]) for a in answers)
     got = [text.strip() for text in greedy_responses(checkpoint, asks, max_new_tokens=longest + 8, seed=seed,
                                                      batch_size=batch_size, device=device)]
@@ -467,14 +474,62 @@ def where_copies_leave(answers: Sequence[tuple[Sequence[int], Sequence[int], Seq
     return out
 
 
+def forced_quote(prompt: Sequence[int], want: Sequence[int], predicted: Sequence[int], first: int,
+                 width: int = 2) -> dict[str, int]:
+    """Teacher-forced scores of one quote, `predicted[j]` being the model's likeliest token for want[j] given
+    the prompt and want[:j]: whether it finds the line (`located`: right at `first`, the answer's first token
+    that is not blank, chosen by the line number alone), and how it copies on from there, every later position
+    counted as `lookback_ambiguous` or not. A wrong copy of the right line and a copy of the wrong line look
+    alike in a greedy answer; here they come apart."""
+    out = {"located": int(predicted[first] == want[first]), "copied": 0, "positions": 0,
+           "copied_ambiguous": 0, "ambiguous": 0}
+    for j in range(first + 1, len(want)):
+        right = int(predicted[j] == want[j])
+        out["copied"] += right
+        out["positions"] += 1
+        if lookback_ambiguous(prompt, want, j, width):
+            out["copied_ambiguous"] += right
+            out["ambiguous"] += 1
+    return out
+
+
+def quote_line_forced(checkpoint: Any, files: Sequence[tuple[str, str]], *, n: int, seed: int,
+                      device: str = "cpu") -> dict[str, Any]:
+    """`forced_quote` over `copy_accuracy`'s `quote_line` questions (the same ones for a seed): `accuracy` is
+    the share of questions whose line is located, `copy` the share of later positions copied right, with
+    `copy_ambiguous` and `copy_other` apart (docs/pretraining.md, twenty-second series)."""
+    import torch
+
+    from pipeline.policy.loading import load_policy, load_tokenizer
+
+    tokenizer = load_tokenizer(checkpoint)
+    model = load_policy(checkpoint, device=device)
+    asks, answers = _questions(tokenizer, files, n=n, seed=seed, kind="quote_line")
+    total = dict.fromkeys(("located", "copied", "positions", "copied_ambiguous", "ambiguous"), 0)
+    for prompt, answer in zip(asks, answers, strict=True):
+        want = tokenizer(answer, add_special_tokens=False)["input_ids"]  # as the rows train it
+        first = next((j for j in range(len(want)) if tokenizer.decode(want[:j + 1]).strip()), 0)
+        with torch.no_grad():
+            logits = model(torch.tensor([[*prompt, *want]], device=device)).logits[0, len(prompt) - 1:-1]
+        for key, value in forced_quote(prompt, want, logits.argmax(-1).tolist(), first).items():
+            total[key] += value
+    other = total["positions"] - total["ambiguous"]
+    return {"n": n, "kind": "quote_line_forced", "accuracy": total["located"] / n, "counts": total,
+            "copy": total["copied"] / max(total["positions"], 1),
+            "copy_ambiguous": total["copied_ambiguous"] / max(total["ambiguous"], 1),
+            "copy_other": (total["copied"] - total["copied_ambiguous"]) / max(other, 1)}
+
+
 def held_out_abilities(checkpoint: Any, files: Sequence[tuple[str, str]], *, n: int, seed: int,
                        device: str = "cpu") -> dict[str, dict[str, Any]]:
     """The base's copying on held-out `files`: `quote_line`, `quote_twin` (line N among near twins of it),
     `error_name` and `edit_line` (its search text quotes line N) as pretraining asks them,
+    `quote_line_forced`, the `quote_line` questions teacher-forced (is the line located, then copied?),
     `quote_line_in_episode`, the `quote_line` questions after the episode's system message (brief grammar),
     and `induction_repeats`, copies where the last tokens are ambiguous (`induction_accuracy`)."""
     out = {kind: copy_accuracy(checkpoint, files, n=n, seed=seed, kind=kind, device=device)
            for kind in ("quote_line", "quote_twin", "error_name", "edit_line")}
+    out["quote_line_forced"] = quote_line_forced(checkpoint, files, n=n, seed=seed, device=device)
     out["quote_line_in_episode"] = copy_accuracy(checkpoint, files, n=n, seed=seed, device=device,
                                                  action_spec="brief")
     out["induction_repeats"] = induction_accuracy(checkpoint, n=n, seed=seed, alphabet=REPEATS_ALPHABET,

@@ -20,6 +20,7 @@ from training.pretrain import (
     REPORT_NAME,
     copy_accuracy,
     copy_task,
+    forced_quote,
     induction_accuracy,
     induction_row,
     library_files,
@@ -30,6 +31,7 @@ from training.pretrain import (
     pretrain,
     pretrain_examples,
     pretrain_files,
+    quote_line_forced,
     rehearsal_examples,
     respelled,
     where_copies_leave,
@@ -276,6 +278,40 @@ def test_where_copies_leave_counts_misses_at_ambiguous_lookback():
     assert where_copies_leave(answers) == {"left": 2, "left_ambiguous": 1, "copied": 2, "copied_ambiguous": 1}
 
 
+def test_forced_quote_tells_a_lost_line_from_a_lost_copy():
+    prompt = (1, 2, 3, 9, 1, 2, 4, 8)
+    want = (7, 1, 2, 3, 9)  # a blank token first (7: the indentation), then the line
+    # the line found, copied right except at the ambiguous position (after 1 2 the prompt has 3 and 4)
+    assert forced_quote(prompt, want, (7, 1, 2, 4, 9), first=1) == {
+        "located": 1, "copied": 2, "positions": 3, "copied_ambiguous": 0, "ambiguous": 1}
+    # another line's first token: not located, however well the rest is copied under teacher forcing
+    assert forced_quote(prompt, want, (7, 5, 2, 3, 9), first=1)["located"] == 0
+    assert forced_quote(prompt, want, (7, 5, 2, 3, 9), first=1)["copied"] == 3
+
+
+def test_quote_line_forced_asks_copy_accuracys_questions(tiny_policy, monkeypatch):
+    import training.pretrain as pretrain_module
+
+    files = [("solution.py", FILE)]
+    seen = []
+
+    def scored(prompt, want, predicted, first, width=2):  # the real scoring, recording what it was given
+        seen.append((tuple(prompt), tuple(want), len(predicted), first))
+        return forced_quote(prompt, want, predicted, first, width)
+
+    monkeypatch.setattr(pretrain_module, "forced_quote", scored)
+    got = quote_line_forced(tiny_policy, files, n=6, seed=3)
+    tokenizer = load_tokenizer(tiny_policy)
+    asks, answers = pretrain_module._questions(tokenizer, files, n=6, seed=3, kind="quote_line")
+    assert [s[0] for s in seen] == asks  # the greedy measure's questions, in order
+    for (_, want, predicted, first), answer in zip(seen, answers, strict=True):
+        assert tokenizer.decode(want) == answer and predicted == len(want)  # one prediction per answer token
+        # the first token that is not blank: what the line number alone must choose
+        assert not tokenizer.decode(want[:first]).strip() and tokenizer.decode(want[:first + 1]).strip()
+    assert got["n"] == 6 and got["counts"]["positions"] == sum(len(w) - f - 1 for _, w, _, f in seen)
+    assert 0.0 <= got["accuracy"] <= 1.0 and 0.0 <= got["copy_ambiguous"] <= 1.0
+
+
 def test_a_file_without_code_offers_only_plain_modelling():
     rng = random.Random(0)
     assert copy_task("code", "a.py", "\n\n", rng) == ("", "\n\n")
@@ -454,7 +490,7 @@ def test_stages_train_in_order_resume_and_measure_on_held_out_files(tmp_path):
     digest = hashlib.sha256((final / "model.safetensors").read_bytes()).hexdigest()
     assert report["sha256"]["model.safetensors"] == digest
     assert json.loads((final / REPORT_NAME).read_text())["command"] == "test"
-    assert set(report["held_out"]) == {"quote_line", "quote_twin", "error_name", "edit_line",
+    assert set(report["held_out"]) == {"quote_line", "quote_twin", "error_name", "edit_line", "quote_line_forced",
                                        "quote_line_in_episode", "induction_repeats"}
     assert all(a["n"] == 4 and 0.0 <= a["accuracy"] <= 1.0 for a in report["held_out"].values())
     assert report["held_out"]["quote_line_in_episode"]["action_spec"] == "brief"
