@@ -107,5 +107,10 @@ def pretrain(
     for stage in report["stages"]:
         typer.echo(f"stage {stage['name']}: {stage['steps']} steps on {stage['files']} files, "
                    f"loss {stage['first_loss']:.3f} -> {stage['end_loss']:.3f} (median of its last steps)")
-    held = ", ".join(f"{k} {v['accuracy']:.2f}" for k, v in report["held_out"].items())
+
+    def ability(name: str, res: dict) -> str:  # a teacher-forced quote: the line found, then copied
+        rest = f" located, {res['copy']:.2f} of the rest copied" if "copy" in res else ""
+        return f"{name} {res['accuracy']:.2f}{rest}"
+
+    held = ", ".join(ability(k, v) for k, v in report["held_out"].items())
     typer.echo(f"base policy: {report['parameters']:,} parameters in {out / 'final'}; held-out copying: {held}")

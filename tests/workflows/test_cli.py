@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from typer.testing import CliRunner
 
@@ -85,7 +87,8 @@ def test_model_pretrain_builds_a_base_and_stops_on_an_unknown_kind_or_a_missed_l
     )
     result = runner.invoke(app, ["model", "pretrain", "--out", str(tmp_path / "base"), "--config", str(config)])
     assert result.exit_code == 0, result.output
-    assert "stage copy: 2 steps" in result.output and "held-out copying: quote_line" in result.output
+    assert "stage copy: 2 steps" in result.output and "held-out copying: quote_line" in result.output \
+        and re.search(r"quote_line_forced [01]\.\d\d located, [01]\.\d\d of the rest copied", result.output)
     assert (tmp_path / "base" / "final" / "pretrain_report.json").is_file()
     config.write_text(config.read_text().replace("quote_line: 1.0", "gossip: 1.0"))
     bad = runner.invoke(app, ["model", "pretrain", "--out", str(tmp_path / "b2"), "--config", str(config)])
