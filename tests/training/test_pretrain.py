@@ -12,7 +12,7 @@ import re
 import pytest
 
 from pipeline.agent.grammar import apply_action, parse_response
-from pipeline.policy.loading import load_tokenizer
+from pipeline.policy.loading import load_policy, load_tokenizer
 from pipeline.tasks import load_source
 from training.pretrain import (
     DEFAULT_PRETRAIN_MIX,
@@ -290,13 +290,16 @@ def test_forced_quote_tells_a_lost_line_from_a_lost_copy():
 
 
 def test_quote_line_forced_asks_copy_accuracys_questions(tiny_policy, monkeypatch):
+    import torch
+
     import training.pretrain as pretrain_module
 
     files = [("solution.py", FILE)]
-    seen = []
+    seen, forced = [], []
 
     def scored(prompt, want, predicted, first, width=2):  # the real scoring, recording what it was given
         seen.append((tuple(prompt), tuple(want), len(predicted), first))
+        forced.append(tuple(predicted))
         return forced_quote(prompt, want, predicted, first, width)
 
     monkeypatch.setattr(pretrain_module, "forced_quote", scored)
@@ -310,6 +313,13 @@ def test_quote_line_forced_asks_copy_accuracys_questions(tiny_policy, monkeypatc
         assert not tokenizer.decode(want[:first]).strip() and tokenizer.decode(want[:first + 1]).strip()
     assert got["n"] == 6 and got["counts"]["positions"] == sum(len(w) - f - 1 for _, w, _, f in seen)
     assert 0.0 <= got["accuracy"] <= 1.0 and 0.0 <= got["copy_ambiguous"] <= 1.0
+    # predicted[j] is the next token after the prompt and want[:j], as decoding one step at a time finds it
+    model = load_policy(tiny_policy)
+    (prompt, want, _, _), predicted = seen[0], forced[0]
+    with torch.no_grad():
+        for j, token in enumerate(predicted):
+            logits = model(torch.tensor([[*prompt, *want[:j]]])).logits[0, -1]
+            assert float(logits.max() - logits[token]) < 1e-4  # the argmax, up to a float tie
 
 
 def test_a_file_without_code_offers_only_plain_modelling():
