@@ -295,11 +295,10 @@ def test_quote_line_forced_asks_copy_accuracys_questions(tiny_policy, monkeypatc
     import training.pretrain as pretrain_module
 
     files = [("solution.py", FILE)]
-    seen, forced = [], []
+    seen = []
 
     def scored(prompt, want, predicted, first, width=2):  # the real scoring, recording what it was given
-        seen.append((tuple(prompt), tuple(want), len(predicted), first))
-        forced.append(tuple(predicted))
+        seen.append((tuple(prompt), tuple(want), tuple(predicted), first))
         return forced_quote(prompt, want, predicted, first, width)
 
     monkeypatch.setattr(pretrain_module, "forced_quote", scored)
@@ -308,14 +307,14 @@ def test_quote_line_forced_asks_copy_accuracys_questions(tiny_policy, monkeypatc
     asks, answers = pretrain_module._questions(tokenizer, files, n=6, seed=3, kind="quote_line")
     assert [s[0] for s in seen] == asks  # the greedy measure's questions, in order
     for (_, want, predicted, first), answer in zip(seen, answers, strict=True):
-        assert tokenizer.decode(want) == answer and predicted == len(want)  # one prediction per answer token
+        assert tokenizer.decode(want) == answer and len(predicted) == len(want)  # one prediction per answer token
         # the first token that is not blank: what the line number alone must choose
         assert not tokenizer.decode(want[:first]).strip() and tokenizer.decode(want[:first + 1]).strip()
     assert got["n"] == 6 and got["counts"]["positions"] == sum(len(w) - f - 1 for _, w, _, f in seen)
     assert 0.0 <= got["accuracy"] <= 1.0 and 0.0 <= got["copy_ambiguous"] <= 1.0
     # predicted[j] is the next token after the prompt and want[:j], as decoding one step at a time finds it
     model = load_policy(tiny_policy)
-    (prompt, want, _, _), predicted = seen[0], forced[0]
+    prompt, want, predicted, _ = seen[0]
     with torch.no_grad():
         for j, token in enumerate(predicted):
             logits = model(torch.tensor([[*prompt, *want[:j]]])).logits[0, -1]
