@@ -321,6 +321,9 @@ def main() -> None:
         print(f"  {kind} copies that leave the line: {leave['left']}, {leave['left_ambiguous']} where the two "
               f"tokens before also stand in the prompt followed by another ({leave['copied_ambiguous']} of "
               f"{leave['copied']} positions copied right)", flush=True)
+        ends = copy[kind]["outcomes"]
+        print(f"  {kind} answers: {ends['verbatim']} verbatim, {ends['another_line']} another line of the file, "
+              f"{ends['drifts']} right start then drift, {ends['wrong_start']} wrong start", flush=True)
 
     episode = EpisodeSettings(action_spec="brief", max_response_tokens=384)
     with SandboxPool(SandboxSettings(pool_size=2)) as pool:

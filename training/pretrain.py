@@ -388,6 +388,22 @@ def answered(kind: str, got: str, want: str) -> bool:
             and action.edits[0].search == wanted.edits[0].search)
 
 
+QUOTE_OUTCOMES = ("verbatim", "another_line", "drifts", "wrong_start")
+
+
+def quote_outcome(prompt_text: str, want: str, got: str, same_first_token: bool) -> str:
+    """Where a greedy quote of `want` stands: `verbatim`; `another_line`, a line of the shown (numbered) file
+    verbatim but not the one asked, a lookup that went wrong; `drifts`, right first token, then off the line;
+    `wrong_start`, neither. Whitespace at the ends is ignored, as `answered` does."""
+    got, want = got.strip(), want.strip()
+    if got == want:
+        return "verbatim"
+    shown = {line.split("| ", 1)[1].strip() for line in prompt_text.splitlines() if re.match(r"\d+\| ", line)}
+    if got and got in shown:
+        return "another_line"
+    return "drifts" if same_first_token else "wrong_start"
+
+
 def greedy_responses(checkpoint: Any, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, seed: int,
                      batch_size: int = 8, device: str = "cpu") -> list[str]:
     """The checkpoint's greedy response text to each tokenized prompt (request i seeded `seed + i`), in batches,
@@ -425,8 +441,9 @@ def copy_accuracy(checkpoint: Any, files: Sequence[tuple[str, str]], *, n: int, 
                   kind: str = "quote_line", batch_size: int = 8, device: str = "cpu",
                   action_spec: str | None = None) -> dict[str, Any]:
     """Greedy answers to `n` seeded questions of `kind` on `files`: the share `answered`, with a few
-    (expected, got) samples, and for a quote `where_copies_leave`. With `action_spec`, each question comes
-    after the episode's system message in that wording, as repairs do."""
+    (expected, got) samples, and for a quote `where_copies_leave` and how many answers had each
+    `quote_outcome` (`outcomes`). With `action_spec`, each question comes after the episode's system message
+    in that wording, as repairs do."""
     from pipeline.policy.loading import load_tokenizer
 
     tokenizer = load_tokenizer(checkpoint)
@@ -444,6 +461,9 @@ def copy_accuracy(checkpoint: Any, files: Sequence[tuple[str, str]], *, n: int, 
 
         out["where_copies_leave"] = where_copies_leave(
             [(prompt, ids(a), ids(g)) for prompt, a, g in zip(asks, answers, got, strict=True)])
+        outcomes = [quote_outcome(tokenizer.decode(list(prompt)), a, g, ids(a)[:1] == ids(g)[:1])
+                    for prompt, a, g in zip(asks, answers, got, strict=True)]
+        out["outcomes"] = {name: outcomes.count(name) for name in QUOTE_OUTCOMES}
     return out
 
 

@@ -32,6 +32,7 @@ from training.pretrain import (
     pretrain_examples,
     pretrain_files,
     quote_line_forced,
+    quote_outcome,
     rehearsal_examples,
     respelled,
     where_copies_leave,
@@ -211,6 +212,7 @@ def test_copy_checks_score_verbatim_answers_only(tokenizer, tiny_policy, monkeyp
     for kind in ("quote_line", "quote_twin"):
         got = copy_accuracy(tiny_policy, files, n=10, seed=0, kind=kind)
         assert got["accuracy"] == 0.5 and got["where_copies_leave"]["left"] == 0  # "no" copies nothing
+        assert got["outcomes"] == {"verbatim": 5, "another_line": 0, "drifts": 0, "wrong_start": 5}
     right = lambda text: text.split("<|im_start|>assistant")[-1].strip()  # noqa: E731 (never the answer)
     assert "where_copies_leave" not in copy_accuracy(tiny_policy, files, n=4, seed=0, kind="error_name")
 
@@ -259,6 +261,15 @@ def test_induction_repeats_rows_make_short_lookback_ambiguous(tokenizer):
     mixed = pretrain_examples(files, tokenizer, n=40, seed=1, mix={"induction_repeats": 1.0, "quote_line": 1.0})
     assert {r.kind for r in mixed} == {"induction_repeats", "quote_line"}
     assert all(len(set(r.prompt_ids)) <= 17 for r in mixed if r.kind == "induction_repeats")  # + eos
+
+
+def test_quote_outcome_tells_a_wrong_lookup_from_a_drifting_copy():
+    prompt = "## a.py (3 lines)\n```\n1| x = 1\n2|     return x\n3| y = x\n```\n\nQuote line 2 of a.py."
+    assert quote_outcome(prompt, "    return x", "return x ", True) == "verbatim"  # ends' whitespace ignored
+    assert quote_outcome(prompt, "    return x", "y = x", False) == "another_line"  # line 3: looked up wrong
+    assert quote_outcome(prompt, "    return x", "return y", True) == "drifts"
+    assert quote_outcome(prompt, "    return x", "Quote line 2 of a.py.", False) == "wrong_start"  # not a file line
+    assert quote_outcome(prompt, "    return x", "", False) == "wrong_start"
 
 
 def test_where_copies_leave_counts_misses_at_ambiguous_lookback():
