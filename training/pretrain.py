@@ -395,11 +395,10 @@ def quote_outcome(prompt_text: str, want: str, got: str, same_first_token: bool)
     """Where a greedy quote of `want` stands: `verbatim`; `another_line`, a line of the shown (numbered) file
     verbatim but not the one asked, a lookup that went wrong; `drifts`, right first token, then off the line;
     `wrong_start`, neither. Whitespace at the ends is ignored, as `answered` does."""
-    got, want = got.strip(), want.strip()
-    if got == want:
+    if answered("quote_line", got, want):
         return "verbatim"
     shown = {line.split("| ", 1)[1].strip() for line in prompt_text.splitlines() if re.match(r"\d+\| ", line)}
-    if got and got in shown:
+    if got.strip() and got.strip() in shown:
         return "another_line"
     return "drifts" if same_first_token else "wrong_start"
 
@@ -459,10 +458,10 @@ def copy_accuracy(checkpoint: Any, files: Sequence[tuple[str, str]], *, n: int, 
         def ids(text: str) -> list[int]:
             return tokenizer(text.strip(), add_special_tokens=False)["input_ids"]
 
-        out["where_copies_leave"] = where_copies_leave(
-            [(prompt, ids(a), ids(g)) for prompt, a, g in zip(asks, answers, got, strict=True)])
-        outcomes = [quote_outcome(tokenizer.decode(list(prompt)), a, g, ids(a)[:1] == ids(g)[:1])
-                    for prompt, a, g in zip(asks, answers, got, strict=True)]
+        quotes = [(prompt, a, g, ids(a), ids(g)) for prompt, a, g in zip(asks, answers, got, strict=True)]
+        out["where_copies_leave"] = where_copies_leave([(prompt, ia, ig) for prompt, _, _, ia, ig in quotes])
+        outcomes = [quote_outcome(tokenizer.decode(list(prompt)), a, g, ia[:1] == ig[:1])
+                    for prompt, a, g, ia, ig in quotes]
         out["outcomes"] = {name: outcomes.count(name) for name in QUOTE_OUTCOMES}
     return out
 
