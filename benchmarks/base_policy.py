@@ -34,7 +34,9 @@ the SFT. `named line quoted` is also asked on the training side's programs: far 
 SFT has learnt those programs' lines rather than copying.
 
 Last line: `base_policy: params=<n> copy_acc=<x> search_found=<x> fix_unseen=<x> fix_baseline=<x>`; the
-SFT's folder keeps base_policy.json: every figure, and each held-out task's answer as judged.
+SFT's folder keeps base_policy.json: every figure, and each held-out task's answer as judged;
+`--compare A B` pairs two such files task by task (fixed, found, line chosen, restored by both, only one,
+neither, and the exact McNemar p): two runs on one work folder and seed answer the same tasks.
 Run: `.venv/bin/python benchmarks/base_policy.py [--base runs/base/final] [--tasks 300 --sft-steps 600]`;
 without a base checkpoint it pretrains one with the default recipe first (`didpo model pretrain`, about an
 hour on two cores; resumable). `--threads 2` uses both cores of a 2-core box (a `small` base: about 20
@@ -250,6 +252,54 @@ def by_family(records: list[dict]) -> dict[str, dict[str, int]]:
     return {family: {k: int(table[family][k]) for k in BY_FAMILY} for family in sorted(table)}
 
 
+JUDGED = ("task_id", "fixed", "outcome", "line_chosen", "where")  # what `judged` records, and its id
+PAIRED = {"fixed": lambda r: r["fixed"], "found": lambda r: r["outcome"] == "found",
+          "line_chosen": lambda r: r["line_chosen"], "restored": lambda r: r["where"] == "restored"}
+
+
+def paired(a: list[dict], b: list[dict], measure: str) -> dict[str, float]:
+    """Two runs' judged answers on the same held-out tasks (`held_out_answers`), compared task by task on
+    `measure` (a key of PAIRED): tasks where both, only `a`, only `b` or neither succeed, and the exact
+    two-sided McNemar p (a binomial test on the tasks where they differ). Paired, it sees a difference that
+    two overlapping Wilson intervals hide, and it says when one is a coin's worth of tasks."""
+    from scipy.stats import binomtest
+
+    ids, ids_b = [r["task_id"] for r in a], [r["task_id"] for r in b]
+    if sorted(ids) != sorted(ids_b) or len(set(ids)) != len(ids):
+        raise ValueError(f"the runs answered different held-out tasks ({len(ids)} and {len(ids_b)}): "
+                         "compare runs of one work folder, seed and split")
+    by_id = {r["task_id"]: PAIRED[measure](r) for r in b}
+    cells = Counter((bool(PAIRED[measure](r)), bool(by_id[r["task_id"]])) for r in a)
+    only_a, only_b = cells[(True, False)], cells[(False, True)]
+    p = binomtest(only_a, only_a + only_b, 0.5).pvalue if only_a + only_b else 1.0
+    return {"both": cells[(True, True)], "only_a": only_a, "only_b": only_b, "neither": cells[(False, False)],
+            "p": float(p)}
+
+
+def compare(path_a: str, path_b: str) -> None:
+    """`--compare A B`: two base_policy.json files, paired on their held-out tasks, one line per measure."""
+    runs = []
+    for path in (path_a, path_b):
+        try:
+            answers = json.loads(Path(path).read_text())["held_out_answers"]
+            lacking = next((key for r in answers for key in JUDGED if key not in r), None)
+            if lacking:  # a file of another kind, or written before the benchmark judged that
+                raise KeyError(lacking)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise SystemExit(f"base_policy: --compare {path}: not a base_policy.json with judged held-out "
+                             f"answers ({type(exc).__name__}: {exc})") from None
+        runs.append(answers)
+    print(f"paired over {len(runs[0])} held-out tasks\n  A {path_a}\n  B {path_b}")
+    print(f"  {'measure':<12} {'both':>5} {'only A':>7} {'only B':>7} {'neither':>8}  McNemar exact p")
+    for measure in PAIRED:
+        try:
+            got = paired(runs[0], runs[1], measure)
+        except ValueError as exc:
+            raise SystemExit(f"base_policy: --compare: {exc}") from None
+        print(f"  {measure:<12} {got['both']:>5} {got['only_a']:>7} {got['only_b']:>7} {got['neither']:>8}  "
+              f"{got['p']:.3f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--base", help="a pretrained checkpoint (default: runs/base/final, pretrained if missing)")
@@ -277,7 +327,12 @@ def main() -> None:
                     "line, quote it, restore it) on MBPP train and validation programs and standard-library functions")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch CPU threads (1: what the figures in docs/pretraining.md used, unless they say)")
+    ap.add_argument("--compare", nargs=2, metavar=("A", "B"),
+                    help="only compare two runs' base_policy.json task by task (paired counts, McNemar p) and exit")
     args = ap.parse_args()
+    if args.compare:
+        compare(*args.compare)
+        return
     try:
         families = parse_families(args.families)
     except ValueError as exc:

@@ -159,3 +159,50 @@ def test_extra_tasks_join_the_training_side_from_programs_never_held_out(bench, 
     numbers = [int(r["source_task"].rsplit("/", 1)[1]) for r in extras]
     assert all(mbpp_original_split(n) in ("train", "validation", "prompt") for n in numbers)
     assert {t.split for t in more} == {"train"}
+
+
+def _answers(fixed, found=None):
+    found = found or fixed
+    return [{"task_id": f"t{i}", "fixed": f, "outcome": "found" if g else "drift", "line_chosen": False,
+             "where": "restored" if f else ""} for i, (f, g) in enumerate(zip(fixed, found, strict=True))]
+
+
+def test_paired_counts_tasks_and_gives_the_exact_mcnemar_p(bench):
+    a = _answers([1, 1, 1, 1, 1, 1, 0, 0, 0, 0])
+    b = list(reversed(_answers([0, 0, 0, 0, 1, 1, 0, 0, 0, 0])))  # order does not matter: paired by task id
+    got = bench.paired(a, b, "fixed")
+    assert {k: got[k] for k in ("both", "only_a", "only_b", "neither")} == {"both": 2, "only_a": 4, "only_b": 0,
+                                                                           "neither": 4}
+    assert got["p"] == pytest.approx(2 * 0.5 ** 4)  # 4 of 4 discordant tasks one way: two-sided binomial
+    assert bench.paired(a, a, "fixed")["p"] == 1.0  # no task differs
+    even = bench.paired(_answers([1, 0]), _answers([0, 1]), "fixed")
+    assert (even["only_a"], even["only_b"], even["p"]) == (1, 1, 1.0)
+    found = bench.paired(_answers([0, 0], found=[1, 0]), _answers([0, 0]), "found")
+    assert (found["only_a"], found["only_b"]) == (1, 0)
+
+
+def test_paired_refuses_runs_on_different_tasks(bench):
+    a = _answers([1, 0, 0])
+    with pytest.raises(ValueError, match="different held-out tasks"):
+        bench.paired(a, a[:2], "fixed")
+    with pytest.raises(ValueError, match="different held-out tasks"):
+        bench.paired(a + a[:1], a + a[1:2], "fixed")  # a task answered twice
+
+
+def test_compare_prints_paired_lines_and_names_a_bad_file(bench, tmp_path, capsys):
+    import json
+
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps({"held_out_answers": _answers([1, 1, 0])}))
+    b.write_text(json.dumps({"held_out_answers": _answers([0, 1, 0])}))
+    bench.compare(str(a), str(b))
+    out = capsys.readouterr().out
+    assert "paired over 3 held-out tasks" in out
+    assert re.search(r"fixed\s+1\s+1\s+0\s+1\s+1\.000", out)
+    corrupt = tmp_path / "corrupt.json"
+    corrupt.write_text('{"held_out_answers": [{"task_id": "t0"}]}')
+    with pytest.raises(SystemExit, match="corrupt.json: not a base_policy.json"):
+        bench.compare(str(a), str(corrupt))
+    with pytest.raises(SystemExit, match="different held-out tasks"):
+        b.write_text(json.dumps({"held_out_answers": _answers([0, 1])}))
+        bench.compare(str(a), str(b))
