@@ -17,7 +17,8 @@
    (the sandbox judges); `fix_baseline` = the same for the most frequent training response applied to every
    held-out task, so that a frequent guess never passes for repair. 95% Wilson intervals over tasks. Where
    search texts fail, sorted (`search_outcome`): invalid action, indentation, near copy, drift; where found ones
-   stand (`found_where`): on the bug's line and restoring it, on it and not, or on another line; and
+   stand (`found_where`): on the bug's line and restoring it, on it and not, or on another line, and how many
+   change nothing (`unchanged`: the replacement repeats the search text); and
    `named line quoted`: with each task's demonstrated think (which names line K) and edit header forced,
    the share whose search text the policy then writes is line K verbatim (`named_line_quoted`). Per bug
    family (`by_family`): tasks, `line chosen` (the think names the line the demonstration names), found,
@@ -147,6 +148,17 @@ def found_where(bugs, action) -> str:
     return "another line"
 
 
+def changes_nothing(action) -> bool:
+    """Whether every edit of an action is a search/replace whose replacement repeats its search text (line by
+    line, trailing blanks aside): a found line written back as it was, the answer of a policy that located a
+    line and did not know what to change in it."""
+    def lines(text: str) -> list[str]:
+        return [line.rstrip() for line in text.splitlines()]
+
+    return bool(action.edits) and all(e.op == "replace" and lines(e.search) == lines(e.replace)
+                                      for e in action.edits)
+
+
 def search_outcome(workspace, action) -> str:
     """Where one parsed response's search text stands against its file: `found` (a valid edit whose every
     search text occurs, none for a whole-file write), `invalid` (no valid action), `no edit` (run_tests or
@@ -218,7 +230,8 @@ def bug_family(task) -> str:
 def judged(tasks, responses, judge, max_file_bytes: int) -> list[dict]:
     """Per task, its one response judged: `outcome` (`search_outcome`), `where` (`found_where` of a found edit,
     else ""), `line_chosen` (the think names the line the task's demonstration names: `repair_line`) and
-    `fixed` (the hidden tests pass after it, in the sandbox)."""
+    `unchanged` (a found edit that `changes_nothing`) and `fixed` (the hidden tests pass after it, in the
+    sandbox)."""
     from pipeline.agent.grammar import InvalidAction, apply_action, parse_response
     from training.demonstrations import repair_line, solution_files
 
@@ -234,7 +247,7 @@ def judged(tasks, responses, judge, max_file_bytes: int) -> list[dict]:
         out.append({"family": bug_family(task), "outcome": outcome,
                     "where": found_where(task.meta["bugs"], action) if found_edit else "",
                     "line_chosen": named_line(action) == repair_line(task.workspace, solution_files(task)),
-                    "fixed": fixed})
+                    "unchanged": found_edit and changes_nothing(action), "fixed": fixed})
     return out
 
 
@@ -425,7 +438,9 @@ def main() -> None:
     print(f"  fixed          {_share(fixed, n)}")
     print(f"  baseline fixed {_share(baseline, n)} (the most frequent training response, {count} times)")
     print("  search texts   " + ", ".join(f"{k} {outcomes[k]}" for k in SEARCH_OUTCOMES))
-    print("  found texts    " + ", ".join(f"{k} {outcomes[k]}" for k in FOUND_WHERE))
+    unchanged = sum(r["unchanged"] for r in records)
+    print("  found texts    " + ", ".join(f"{k} {outcomes[k]}" for k in FOUND_WHERE)
+          + f"; {unchanged} of them unchanged (the replacement repeats the search text)")
     per_family = by_family(records)
     print("  by bug family  " + "".join(f"{k.replace('_', ' '):>12}" for k in BY_FAMILY))
     for family, row in per_family.items():
@@ -441,7 +456,8 @@ def main() -> None:
               "quote_line_leaves": leaves["quote_line"], "quote_twin_leaves": leaves["quote_twin"],
               "search_found": found / n, "fix_unseen": fixed / n,
               "search_outcomes": {k: outcomes[k] for k in SEARCH_OUTCOMES},
-              "found_where": {k: outcomes[k] for k in FOUND_WHERE}, "by_family": per_family,
+              "found_where": {k: outcomes[k] for k in FOUND_WHERE}, "unchanged": unchanged,
+              "by_family": per_family,
               "named_line_quoted": named / asked, "named_line_quoted_train": named_seen / asked_seen,
               "fix_baseline": baseline / n, "held_out": n, "split_by": args.split_by,
               "failure_shown": not args.bare_tasks, "seed": args.seed,

@@ -64,6 +64,20 @@ def test_found_where_tells_the_bugs_line_and_its_fix_from_another_line(bench):
     assert set(bench.FOUND_WHERE) == {"restored", "bug's line, not restored", "another line"}
 
 
+def test_changes_nothing_tells_a_line_written_back_from_an_edit(bench):
+    def edit(*pairs):
+        blocks = "".join(f'<edit path="solution.py">\n<search>\n{a}\n</search>\n<replace>\n{b}\n</replace>\n</edit>\n'
+                         for a, b in pairs)
+        return parse_response(f"<think>\nLine 2 is wrong.\n</think>\n{blocks}")
+
+    assert bench.changes_nothing(edit(("    total", "    total")))
+    assert bench.changes_nothing(edit(("    total", "    total  ")))  # trailing blanks change nothing
+    assert not bench.changes_nothing(edit(("    total", "    return total")))
+    assert not bench.changes_nothing(edit(("    total", "  total")))  # indentation is a change
+    assert not bench.changes_nothing(edit(("    total", "    total"), ("x = 1", "x = 2")))  # one edit changes
+    assert not bench.changes_nothing(parse_response("<think>\nrun\n</think>\n<run_tests/>\n"))  # no edit at all
+
+
 def test_named_line_reads_the_thinks_line_number(bench):
     def think(text):
         return parse_response(f"<think>\n{text}\n</think>\n<run_tests/>\n")
@@ -124,7 +138,7 @@ def test_demonstrated_fixes_score_full_and_a_wrong_edit_scores_nothing(bench, tm
         records = bench.judged(tasks, [first[t.task_id] for t in tasks], judge, 256 * 1024)
         # a demonstration names its own line, and its first edit quotes and restores a bug's line
         assert all(r["outcome"] == "found" and r["where"] == "restored" and r["line_chosen"] and r["fixed"]
-                   for r in records)
+                   and not r["unchanged"] for r in records)
         table = bench.by_family(records)
         assert sum(row["tasks"] for row in table.values()) == len(tasks)
         assert all(row["tasks"] == row["line_chosen"] == row["found"] == row["restored"] == row["fixed"]
@@ -132,7 +146,16 @@ def test_demonstrated_fixes_score_full_and_a_wrong_edit_scores_nothing(bench, tm
         wrong = "<think>x</think>\n<edit>\n<file>solution.py</file>\n<search>no such text</search>\n" \
                 "<replace>y</replace>\n</edit>\n"
         records = bench.judged(tasks, [wrong] * len(tasks), judge, 256 * 1024)
-        assert not any(r["outcome"] == "found" or r["line_chosen"] or r["fixed"] for r in records)
+        assert not any(r["outcome"] == "found" or r["line_chosen"] or r["fixed"] or r["unchanged"] for r in records)
+
+        def written_back(task):  # the demonstration's line found, and written back as it stands
+            edit = next(e for e in parse_response(first[task.task_id]).edits if e.op == "replace")
+            search = edit.search.rstrip("\n")
+            return (f'<think>\nLine 2 is wrong.\n</think>\n<edit path="{edit.path}">\n<search>\n{search}\n'
+                    f'</search>\n<replace>\n{search}\n</replace>\n</edit>\n')
+
+        records = bench.judged(tasks, [written_back(t) for t in tasks], judge, 256 * 1024)
+        assert all(r["outcome"] == "found" and r["unchanged"] and not r["fixed"] for r in records)
 
 
 @pytest.mark.slow
