@@ -20,7 +20,9 @@
    stand (`found_where`): on the bug's line and restoring it, on it and not, or on another line, and how many
    change nothing (`unchanged`: the replacement repeats the search text); and
    `named line quoted`: with each task's demonstrated think (which names line K) and edit header forced,
-   the share whose search text the policy then writes is line K verbatim (`named_line_quoted`). Per bug
+   the share whose search text the policy then writes is line K verbatim (`named_line_quoted`); `change
+   known`: forced on to the token where the demonstrated fix leaves the line, whether that token is the
+   policy's likeliest (in its top 3, likelier than copying the line on), per family. Per bug
    family (`by_family`): tasks, `line chosen` (the think names the line the demonstration names), found,
    restored, fixed: where the choice of the line, its copy and its fix each stand.
 
@@ -211,6 +213,50 @@ def named_line_quoted(checkpoint, tasks, tokenizer, episode, seed: int) -> tuple
     texts = greedy_responses(checkpoint, prompts, max_new_tokens=longest + 8, seed=seed)
     hits = sum(text.split("\n</search>")[0] == want for text, (_, want) in zip(texts, forced, strict=True))
     return hits, len(rows)
+
+
+def first_change(demonstrated: list[int], written_back: list[int]) -> int | None:
+    """The first position where a demonstration's tokens leave those of the same response with its first
+    replacement written back as the search text: where the fix starts to differ from the copy (None: the
+    two are one)."""
+    return next((i for i, (a, b) in enumerate(zip(demonstrated, written_back, strict=False)) if a != b),
+                None if len(demonstrated) == len(written_back) else min(len(demonstrated), len(written_back)))
+
+
+def change_known(checkpoint, tasks, tokenizer, episode, seed: int) -> dict[str, dict[str, int]]:
+    """Per bug family (and `all`): with each task's demonstration forced up to the token where its fix leaves
+    the line it quotes (`first_change`), is the demonstrated token the policy's likeliest (`likeliest`), among
+    its three likeliest (`top3`), and likelier than the token that copies the line on (`over_copy`)? Line
+    chosen and quoted are given here: what is left is knowing the change."""
+    import torch
+
+    from pipeline.agent.grammar import parse_response
+    from pipeline.policy.loading import load_policy
+    from training.demonstrations import sft_examples
+
+    model = load_policy(checkpoint, device="cpu")
+    family = {t.task_id: bug_family(t) for t in tasks}
+    table: dict[str, Counter] = {}
+    for row in sft_examples(tasks, tokenizer, episode, seed=seed, mix={"edit": 1.0}, finish_rate=0.0,
+                            episodes_per_task=1):
+        if row.kind != "edit" or row.turn != 0:
+            continue
+        edit = next(e for e in parse_response(row.response_text).edits if e.op == "replace")
+        text = row.response_text
+        back = tokenizer(text[:edit.replace_span[0]] + edit.search + text[edit.replace_span[1]:],
+                         add_special_tokens=False)["input_ids"]
+        k = first_change(list(row.response_ids), back)
+        if k is None or k >= len(back):
+            continue
+        with torch.no_grad():
+            logits = model(torch.tensor([[*row.prompt_ids, *row.response_ids[:k]]])).logits[0, -1].float()
+        want = row.response_ids[k]
+        above = int((logits > logits[want]).sum())
+        for key in (family[row.task_id], "all"):
+            table.setdefault(key, Counter()).update(asked=1, likeliest=above == 0, top3=above < 3,
+                                                    over_copy=bool(logits[want] > logits[back[k]]))
+    return {key: {k: int(row[k]) for k in ("asked", "likeliest", "top3", "over_copy")}
+            for key, row in sorted(table.items())}
 
 
 def named_line(action) -> int | None:
@@ -429,6 +475,7 @@ def main() -> None:
         named, asked = named_line_quoted(sft_dir, held, tokenizer, episode, args.seed)
         seen = train[:len(held)]  # as many as held out: the same cost and interval width
         named_seen, asked_seen = named_line_quoted(sft_dir, seen, tokenizer, episode, args.seed)
+        known = change_known(sft_dir, held, tokenizer, episode, args.seed)
     n = len(held)
     print(f"after repair SFT ({demonstrations} demonstrations, {len(copy_rows)} copy rows, "
           f"{len(fix_rows)} fix rows, {args.sft_steps} steps at lr {args.lr}), greedy on {n} held-out tasks "
@@ -447,6 +494,11 @@ def main() -> None:
         print(f"    {family:<13}" + "".join(f"{row[k]:>12}" for k in BY_FAMILY))
     print(f"  named line quoted {_share(named, asked)} (the demonstration's think and edit header forced)")
     print(f"  ... on training programs {_share(named_seen, asked_seen)} (the first {asked_seen} training tasks)")
+    every = known.get("all", {"asked": 0, "likeliest": 0, "top3": 0, "over_copy": 0})
+    print(f"  change known   {_share(every['likeliest'], max(every['asked'], 1))} (forced to where the fix leaves "
+          f"the line: its token the likeliest; among the top 3: {every['top3']}, over the copy: {every['over_copy']})")
+    print("    by family    " + ", ".join(f"{f} {row['likeliest']}/{row['asked']}" for f, row in known.items()
+                                          if f != "all"))
     result = {"params": params, "copy_acc": copy["quote_line"]["accuracy"],
               "error_name": copy["error_name"]["accuracy"],
               "edit_line": copy["edit_line"]["accuracy"],
@@ -459,6 +511,7 @@ def main() -> None:
               "found_where": {k: outcomes[k] for k in FOUND_WHERE}, "unchanged": unchanged,
               "by_family": per_family,
               "named_line_quoted": named / asked, "named_line_quoted_train": named_seen / asked_seen,
+              "change_known": known,
               "fix_baseline": baseline / n, "held_out": n, "split_by": args.split_by,
               "failure_shown": not args.bare_tasks, "seed": args.seed,
               "families": list(families),

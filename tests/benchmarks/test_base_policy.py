@@ -5,8 +5,10 @@ interval by hand."""
 from __future__ import annotations
 
 import re
+from types import SimpleNamespace
 
 import pytest
+import torch
 from builders import load_benchmark
 
 from pipeline.agent import EpisodeSettings
@@ -64,6 +66,12 @@ def test_found_where_tells_the_bugs_line_and_its_fix_from_another_line(bench):
     assert set(bench.FOUND_WHERE) == {"restored", "bug's line, not restored", "another line"}
 
 
+def test_first_change_is_where_a_fix_leaves_the_copy(bench):
+    assert bench.first_change([1, 2, 3, 9], [1, 2, 4, 9]) == 2
+    assert bench.first_change([1, 2, 3, 4], [1, 2]) == 2  # the fix writes on where the copy ends
+    assert bench.first_change([1, 2], [1, 2]) is None
+
+
 def test_changes_nothing_tells_a_line_written_back_from_an_edit(bench):
     def edit(*pairs):
         blocks = "".join(f'<edit path="solution.py">\n<search>\n{a}\n</search>\n<replace>\n{b}\n</replace>\n</edit>\n'
@@ -112,7 +120,8 @@ def test_fix_line_files_hold_no_held_out_program(bench):
 
 
 @pytest.mark.slow
-def test_demonstrated_fixes_score_full_and_a_wrong_edit_scores_nothing(bench, tmp_path, tiny_policy):
+def test_demonstrated_fixes_score_full_and_a_wrong_edit_scores_nothing(bench, tmp_path, tiny_policy,
+                                                                      monkeypatch):
     with SandboxPool(SandboxSettings(pool_size=1)) as pool:
         judge = Judge(pool)
 
@@ -156,6 +165,28 @@ def test_demonstrated_fixes_score_full_and_a_wrong_edit_scores_nothing(bench, tm
 
         records = bench.judged(tasks, [written_back(t) for t in tasks], judge, 256 * 1024)
         assert all(r["outcome"] == "found" and r["unchanged"] and not r["fixed"] for r in records)
+
+        # change known: the real (untrained) policy, then a stand-in that always writes the demonstrated token
+        episode = EpisodeSettings(action_spec="brief")
+        tokenizer = load_tokenizer(tiny_policy)
+        known = bench.change_known(tiny_policy, tasks, tokenizer, episode, 0)
+        every = known["all"]
+        assert every["asked"] == len(tasks) == sum(row["asked"] for f, row in known.items() if f != "all")
+        assert every["likeliest"] <= every["top3"] <= every["asked"] and every["over_copy"] <= every["asked"]
+        demo_rows = [r for r in sft_examples(tasks, tokenizer, episode, seed=0, mix={"edit": 1.0}, finish_rate=0.0,
+                                             episodes_per_task=1) if r.kind == "edit" and r.turn == 0]
+        next_token = {(*r.prompt_ids, *r.response_ids[:j]): r.response_ids[j]
+                      for r in demo_rows for j in range(len(r.response_ids))}
+
+        class Demonstrator(torch.nn.Module):
+            def forward(self, ids):
+                logits = torch.zeros(1, ids.shape[1], len(tokenizer))
+                logits[0, -1, next_token[tuple(ids[0].tolist())]] = 1.0
+                return SimpleNamespace(logits=logits)
+
+        monkeypatch.setattr("pipeline.policy.loading.load_policy", lambda *_, **__: Demonstrator())
+        every = bench.change_known(tiny_policy, tasks, tokenizer, episode, 0)["all"]
+        assert every == {"asked": len(tasks), "likeliest": len(tasks), "top3": len(tasks), "over_copy": len(tasks)}
 
 
 @pytest.mark.slow
