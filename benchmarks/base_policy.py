@@ -316,7 +316,7 @@ PAIRED = {"fixed": lambda r: r["fixed"], "found": lambda r: r["outcome"] == "fou
           "line_chosen": lambda r: r["line_chosen"], "restored": lambda r: r["where"] == "restored"}
 
 
-def paired(a: list[dict], b: list[dict], measure: str) -> dict[str, float]:
+def paired(a: list[dict], b: list[dict], measure: str) -> dict[str, int | float]:
     """Two runs' judged answers on the same held-out tasks (`held_out_answers`), compared task by task on
     `measure` (a key of PAIRED): tasks where both, only `a`, only `b` or neither succeed, and the exact
     two-sided McNemar p (a binomial test on the tasks where they differ). Paired, it sees a difference that
