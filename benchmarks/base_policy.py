@@ -198,14 +198,20 @@ def forced_search(row) -> tuple[str, str]:
     return text[:start], text[start:text.index("\n</search>", start)]
 
 
+def first_edits(tasks, tokenizer, episode, seed: int) -> list:
+    """Each task's demonstration as its first turn's one edit row (`sft_examples` kind `edit`, turn 0)."""
+    from training.demonstrations import sft_examples
+
+    return [r for r in sft_examples(tasks, tokenizer, episode, seed=seed, mix={"edit": 1.0}, finish_rate=0.0,
+                                    episodes_per_task=1) if r.kind == "edit" and r.turn == 0]
+
+
 def named_line_quoted(checkpoint, tasks, tokenizer, episode, seed: int) -> tuple[int, int]:
     """(held-out tasks whose named line the policy quotes verbatim, tasks asked): each task's demonstration is
     forced up to its search text (`forced_search`), then the policy writes on greedily."""
-    from training.demonstrations import sft_examples
     from training.pretrain import greedy_responses
 
-    rows = [r for r in sft_examples(tasks, tokenizer, episode, seed=seed, mix={"edit": 1.0}, finish_rate=0.0,
-                                    episodes_per_task=1) if r.kind == "edit" and r.turn == 0]
+    rows = first_edits(tasks, tokenizer, episode, seed)
     forced = [forced_search(r) for r in rows]
     prompts = [[*row.prompt_ids, *tokenizer(head, add_special_tokens=False)["input_ids"]]
                for row, (head, _) in zip(rows, forced, strict=True)]
@@ -232,15 +238,11 @@ def change_known(checkpoint, tasks, tokenizer, episode, seed: int) -> dict[str, 
 
     from pipeline.agent.grammar import parse_response
     from pipeline.policy.loading import load_policy
-    from training.demonstrations import sft_examples
 
     model = load_policy(checkpoint, device="cpu")
     family = {t.task_id: bug_family(t) for t in tasks}
     table: dict[str, Counter] = {}
-    for row in sft_examples(tasks, tokenizer, episode, seed=seed, mix={"edit": 1.0}, finish_rate=0.0,
-                            episodes_per_task=1):
-        if row.kind != "edit" or row.turn != 0:
-            continue
+    for row in first_edits(tasks, tokenizer, episode, seed):
         edit = next(e for e in parse_response(row.response_text).edits if e.op == "replace")
         text = row.response_text
         back = tokenizer(text[:edit.replace_span[0]] + edit.search + text[edit.replace_span[1]:],
