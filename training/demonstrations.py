@@ -116,14 +116,16 @@ def _occurs_once(needle: str, text: str) -> bool:
     return first >= 0 and text.find(needle, first + 1) < 0
 
 
-def mutate_line(text: str, candidates: Sequence[int], rng: random.Random) -> tuple[str, int] | None:
-    """`text` with one bug of the repair catalogue (`pipeline.tasks.repair`, every family that keeps the line)
-    on one of the candidate lines (0-based), the family drawn uniformly first; (mutated text, line) or None."""
+def mutate_line(text: str, candidates: Sequence[int], rng: random.Random,
+                families: Sequence[str] | None = None) -> tuple[str, int] | None:
+    """`text` with one bug of the repair catalogue (`pipeline.tasks.repair`, `families` or every family that
+    keeps the line) on one of the candidate lines (0-based), the family drawn uniformly first; (mutated text,
+    line) or None."""
     from pipeline.tasks.repair import FAMILIES, apply_bugs, bug_candidates
 
     wanted = {i + 1 for i in candidates}
     by_family: dict[str, list] = {}
-    for bug in bug_candidates(text, tuple(f for f in FAMILIES if f != "delete_line")):
+    for bug in bug_candidates(text, tuple(families or (f for f in FAMILIES if f != "delete_line"))):
         if bug.line in wanted:
             by_family.setdefault(bug.family, []).append(bug)
     if not by_family:

@@ -24,6 +24,10 @@ shows files:
   error_name  a NameError naming one of its identifiers -> that name
   edit_line   "Change line N to: NEW"                   -> an action whose <search> quotes line N (the grammar)
   apply_edit  an <edit> block                           -> the whole file after the edit
+  fix_line    a repair episode's first turn on the file with one bug of the catalogue -> the repair action
+  fix_name    the same with a misspelt name, and the NameError the file raises shown as the visible tests'
+              failure                                    -> the repair action (the right spelling is the
+                                                           file's name nearest the wrong one: a fuzzy lookup)
 
 Files come from task texts (`pretrain_files`): starting files and reference solutions, never those of the
 tasks a caller holds out for evaluation.
@@ -31,12 +35,14 @@ tasks a caller holds out for evaluation.
 
 from __future__ import annotations
 
+import ast
 import builtins
 import functools
 import io
 import keyword
 import random
 import re
+import symtable
 import tokenize
 from collections.abc import Iterable, Mapping, Sequence
 from types import MappingProxyType
@@ -124,6 +130,29 @@ def _shown(path: str, text: str) -> str:
     return render_file(path, text, len(text.splitlines()) + 1, None)  # the whole file, as the episode shows it
 
 
+def undefined_name(text: str) -> tuple[str, int] | None:
+    """(name, line) of the first name `text` reads but never binds and Python does not provide: what running
+    it raises a NameError about (when the first read in the file is the first one run); None when every name
+    read is bound, or the text does not parse. Static, from the compiler's own symbol tables."""
+    try:
+        tree, top = ast.parse(text), symtable.symtable(text, "<file>", "exec")
+    except (SyntaxError, ValueError):
+        return None
+    tables, free = [top], set()
+    bound = {s.get_name() for s in top.get_symbols() if s.is_assigned() or s.is_imported()} | set(dir(builtins))
+    while tables:
+        table = tables.pop()
+        tables += table.get_children()
+        for s in table.get_symbols():
+            if s.is_declared_global() and s.is_assigned():
+                bound.add(s.get_name())
+            if s.is_referenced() and (s.is_global() if table is not top else not s.is_assigned()):
+                free.add(s.get_name())
+    reads = [(node.lineno, node.id) for node in ast.walk(tree)
+             if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id in free - bound]
+    return (min(reads)[1], min(reads)[0]) if reads else None
+
+
 def copy_task(kind: str, path: str, text: str, rng: random.Random) -> tuple[str, str] | None:
     """(user message, response) of one synthetic task of `kind` on one file ("" message for `code`), or None
     when the file offers nothing for that kind (no non-blank line, no name, no line a mutation applies to)."""
@@ -158,16 +187,24 @@ def copy_task(kind: str, path: str, text: str, rng: random.Random) -> tuple[str,
         name = rng.choice(names)
         return (f"{_shown(path, text)}\n\nThe tests fail with:\nNameError: name '{name}' is not defined\n"
                 "Which name does the error name?", name)
-    mutated = mutate_line(text, filled, rng)
+    mutated = mutate_line(text, filled, rng, families=("misspell",) if kind == "fix_name" else None)
     if mutated is None:
         return None
     new_text, n = mutated
-    if kind == "fix_line":  # a repair turn: the file with one bug of the catalogue, fixed by naming and quoting its line
-        fix = tuple(search_replace_edits(path, new_text, text))
+    if kind in ("fix_line", "fix_name"):  # a repair turn: one bug of the catalogue, fixed by naming and quoting its line
+        note = bugs_note(path, 1)
         first_def = re.search(r"^\s*def (\w+)", text, flags=re.M)
         name = first_def.group(1) if first_def else path
+        if kind == "fix_name":
+            undefined = undefined_name(new_text)
+            if undefined is None or undefined_name(text) is not None:  # the misspelling raises nothing we can name
+                return None
+            wrong, at = undefined
+            note += (f"\n\nThe visible tests on it:\nVisible tests: 0/1 passed (status: failed).\nFAILED check_00.py: "
+                     f"{name}(...) -> NameError: name '{wrong}' is not defined ({path}, line {at})")
+        fix = tuple(search_replace_edits(path, new_text, text))
         action = Action("edit", bug_think(rng, path=path, name=name, line=n + 1), (0, 0), fix)
-        return user_message(bugs_note(path, 1), {path: new_text}, EpisodeSettings(), visible_total=1), render_action(action)
+        return user_message(note, {path: new_text}, EpisodeSettings(), visible_total=1), render_action(action)
     edits = search_replace_edits(path, text, new_text)
     if kind == "edit_line":
         new_line = new_text.splitlines()[n]
@@ -359,9 +396,9 @@ def pretrain_examples(files: Sequence[tuple[str, str]], tokenizer: Any, *, n: in
             continue
         message, response = task
         # drawn only when asked for, so that rows without system messages stay those of earlier recipes
-        # a fix_line row is an episode's first turn: always after its system message
+        # a fix_line or fix_name row is an episode's first turn: always after its system message
         system = (system_prompt(rng.choice(sorted(ACTION_SPECS)))
-                  if kind == "fix_line" or (system_share and rng.random() < system_share) else None)
+                  if kind in ("fix_line", "fix_name") or (system_share and rng.random() < system_share) else None)
         prompt = prompt_ids(tokenizer, message, system)
         response_ids = (*tokenizer(response, add_special_tokens=False)["input_ids"], eos)
         if len(prompt) + len(response_ids) <= max_tokens:

@@ -35,6 +35,7 @@ from training.pretrain import (
     quote_outcome,
     rehearsal_examples,
     respelled,
+    undefined_name,
     where_copies_leave,
 )
 from training.pretrain_settings import DEFAULT_STAGES, REHEARSAL_MIX, PretrainSettings, PretrainStage
@@ -131,6 +132,51 @@ def test_fix_line_is_a_repair_turn_that_names_the_changed_line_and_quotes_it(tok
     # always after the episode's system message, whatever the share
     rows = pretrain_examples([("solution.py", FILE)], tokenizer, n=5, seed=0, mix={"fix_line": 1.0}, max_tokens=2048)
     assert rows and all("careful software engineer" in tokenizer.decode(r.prompt_ids) for r in rows)
+
+
+def _name_error(text: str, call: str) -> tuple[str, int] | None:
+    """What Python itself raises running `text` then `call`: (the NameError's name, its line in `text`) or None."""
+    import traceback
+
+    try:
+        exec(compile(text + call, "<file>", "exec"), {})
+    except NameError as exc:
+        return exc.name, traceback.extract_tb(exc.__traceback__)[-1].lineno
+    return None
+
+
+UNDEFINED_CASES = [  # (file, the call that runs it)
+    ("def f(x):\n    return y + x\n", "f(1)"),  # a read of a name bound nowhere
+    ("def f(rdian):\n    import math\n    return radian * math.pi\n", "f(1)"),  # the parameter misspelt
+    ("def f(xs):\n    return lenn(xs)\n", "f([])"),  # a builtin misspelt
+    ("class A:\n    z = 1\n    def g(self):\n        return z\n", "A().g()"),  # class names are no closure
+    ("def f(n):\n    return [q * m for q in range(n)]\n", "f(2)"),  # inside a comprehension
+    ("import math\ndef f():\n    return math.pi + len([])\n", "f()"),  # imports and builtins are bound
+    ("def f():\n    global G\n    G = 1\n    return G\n", "f()"),  # bound by a global statement
+    ("def f(a):\n    def g():\n        return a\n    return g()\n", "f(1)"),  # a closure's free name
+]
+
+
+@pytest.mark.parametrize("text, call", UNDEFINED_CASES)
+def test_undefined_name_is_the_name_error_python_raises(text, call):
+    raised = _name_error(text, "\n" + call + "\n")
+    assert undefined_name(text) == raised  # (name, line) or None both
+    assert undefined_name("def f(:\n") is None  # no parse, nothing named
+
+
+def test_fix_name_shows_the_name_error_its_misspelling_raises_and_restores_the_spelling():
+    rows = [row for row in _draws("fix_name") if row]
+    assert len(rows) > 10
+    for message, answer in rows:
+        shown = re.search(r"```\n(.*)```", message, re.S).group(1)
+        buggy = "".join(line.split("| ", 1)[1] + "\n" for line in shown.splitlines())
+        named = re.search(r"NameError: name '(\w+)' is not defined \(solution.py, line (\d+)\)", message)
+        assert named and _name_error(buggy, "\ncount_even([1, 2])\n") == (named.group(1), int(named.group(2)))
+        action = parse_response(answer)
+        assert apply_action(action, {"solution.py": buggy}, max_file_bytes=1 << 20)["solution.py"] == FILE
+        changed = [(a, b) for a, b in zip(buggy.splitlines(), FILE.splitlines(), strict=True) if a != b]
+        assert len(changed) == 1 and set(re.findall(r"\w+", changed[0][0])) - set(re.findall(r"\w+", FILE))
+    assert copy_task("fix_name", "solution.py", "def f():\n    return 1\n", random.Random(0)) is None  # no name to misspell
 
 
 def test_apply_edit_answers_with_the_whole_file_after_the_shown_edit():
