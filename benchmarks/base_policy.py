@@ -120,6 +120,23 @@ def _repair_tasks(args, work: Path, judge, families: tuple[str, ...]):
     return train + extras, held, len(extras)
 
 
+FIX_KINDS = ("fix_line", "fix_name")  # pretraining's kinds that are a repair turn (training/pretrain.py)
+
+
+def parse_fix_mix(text: str) -> dict[str, float]:
+    """`--fix-mix` ("fix_line=2,fix_name=1") as a mix of FIX_KINDS; ValueError naming what is wrong."""
+    from training.sft_settings import check_mix
+
+    mix = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        kind, _, weight = part.partition("=")
+        try:
+            mix[kind.strip()] = float(weight)
+        except ValueError:
+            raise ValueError(f"{part!r} is not KIND=WEIGHT") from None
+    return check_mix(mix, FIX_KINDS, "fix row")
+
+
 def fix_line_files(seed: int) -> list[tuple[str, str]]:
     """The files `--fix-rows` mutates: MBPP's train and validation programs (never a test program, so never
     one held out) and as many standard-library functions (too plentiful to learn by heart)."""
@@ -187,6 +204,7 @@ def search_outcome(workspace, action) -> str:
 
 
 SEARCH_OPEN = "<search>\n"
+REPLACE_CLOSE = "</replace>"
 
 
 def forced_search(row) -> tuple[str, str]:
@@ -232,16 +250,19 @@ def first_change(demonstrated: list[int], written_back: list[int]) -> int | None
 def change_known(checkpoint, tasks, tokenizer, episode, seed: int) -> dict[str, dict[str, int]]:
     """Per bug family (and `all`): with each task's demonstration forced up to the token where its fix leaves
     the line it quotes (`first_change`), is the demonstrated token the policy's likeliest (`likeliest`), among
-    its three likeliest (`top3`), and likelier than the token that copies the line on (`over_copy`)? Line
-    chosen and quoted are given here: what is left is knowing the change."""
+    its three likeliest (`top3`), and likelier than the token that copies the line on (`over_copy`)? And
+    forced through that token, does greedy write the rest of the replacement as demonstrated (`completed`)?
+    Line chosen and quoted are given here: what is left is knowing the change, then writing it out."""
     import torch
 
     from pipeline.agent.grammar import parse_response
     from pipeline.policy.loading import load_policy
+    from training.pretrain import greedy_responses
 
     model = load_policy(checkpoint, device="cpu")
     family = {t.task_id: bug_family(t) for t in tasks}
     table: dict[str, Counter] = {}
+    through, rests, keys = [], [], []
     for row in first_edits(tasks, tokenizer, episode, seed):
         edit = next(e for e in parse_response(row.response_text).edits if e.op == "replace")
         text = row.response_text
@@ -254,10 +275,18 @@ def change_known(checkpoint, tasks, tokenizer, episode, seed: int) -> dict[str, 
             logits = model(torch.tensor([[*row.prompt_ids, *row.response_ids[:k]]])).logits[0, -1].float()
         want = row.response_ids[k]
         above = int((logits > logits[want]).sum())
-        for key in (family[row.task_id], "all"):
+        keys.append((family[row.task_id], "all"))
+        for key in keys[-1]:
             table.setdefault(key, Counter()).update(asked=1, likeliest=above == 0, top3=above < 3,
                                                     over_copy=bool(logits[want] > logits[back[k]]))
-    return {key: {k: int(row[k]) for k in ("asked", "likeliest", "top3", "over_copy")}
+        through.append([*row.prompt_ids, *row.response_ids[:k + 1]])
+        rests.append(tokenizer.decode(row.response_ids[k + 1:]).split(REPLACE_CLOSE)[0])
+    longest = max((len(tokenizer(rest, add_special_tokens=False)["input_ids"]) for rest in rests), default=0)
+    written = greedy_responses(checkpoint, through, max_new_tokens=longest + 8, seed=seed) if through else []
+    for text, rest, key in zip(written, rests, keys, strict=True):
+        for name in key:
+            table[name].update(completed=text.split(REPLACE_CLOSE)[0] == rest)
+    return {key: {k: int(row[k]) for k in ("asked", "likeliest", "top3", "over_copy", "completed")}
             for key, row in sorted(table.items())}
 
 
@@ -386,6 +415,9 @@ def main() -> None:
     ap.add_argument("--fix-rows", type=int, default=0,
                     help="SFT rows of pretraining's fix_line kind (a repair turn on a respelled file: name the bug's "
                     "line, quote it, restore it) on MBPP train and validation programs and standard-library functions")
+    ap.add_argument("--fix-mix", default="fix_line=1",
+                    help="kinds of the --fix-rows and their weights, KIND=W comma-separated: fix_line, fix_name (a "
+                    "misspelt name with the NameError it raises shown as the failing test)")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch CPU threads (1: what the figures in docs/pretraining.md used, unless they say)")
     ap.add_argument("--compare", nargs=2, metavar=("A", "B"),
@@ -398,6 +430,10 @@ def main() -> None:
         families = parse_families(args.families)
     except ValueError as exc:
         raise SystemExit(f"base_policy: --families {args.families!r}: {exc}") from None
+    try:
+        fix_mix = parse_fix_mix(args.fix_mix)
+    except ValueError as exc:
+        raise SystemExit(f"base_policy: --fix-mix {args.fix_mix!r}: {exc}") from None
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     import torch
 
@@ -457,7 +493,7 @@ def main() -> None:
                                        n=round(args.rehearse / (1 - args.rehearse) * demonstrations),
                                        seed=args.seed) if args.rehearse else []
         fix_rows = pretrain_examples(fix_line_files(args.seed), tokenizer, n=args.fix_rows, seed=args.seed,
-                                     mix={"fix_line": 1.0}, respell=True) if args.fix_rows else []
+                                     mix=fix_mix, respell=True) if args.fix_rows else []
         rows += copy_rows + fix_rows
         weights = hashlib.sha256((base / "model.safetensors").read_bytes()).hexdigest()[:12]
         demos = hashlib.sha256(json.dumps([(r.prompt_ids, r.response_ids) for r in rows]).encode()).hexdigest()[:8]
@@ -496,10 +532,14 @@ def main() -> None:
         print(f"    {family:<13}" + "".join(f"{row[k]:>12}" for k in BY_FAMILY))
     print(f"  named line quoted {_share(named, asked)} (the demonstration's think and edit header forced)")
     print(f"  ... on training programs {_share(named_seen, asked_seen)} (the first {asked_seen} training tasks)")
-    every = known.get("all", {"asked": 0, "likeliest": 0, "top3": 0, "over_copy": 0})
+    every = known.get("all", {"asked": 0, "likeliest": 0, "top3": 0, "over_copy": 0, "completed": 0})
     print(f"  change known   {_share(every['likeliest'], max(every['asked'], 1))} (forced to where the fix leaves "
           f"the line: its token the likeliest; among the top 3: {every['top3']}, over the copy: {every['over_copy']})")
     print("    by family    " + ", ".join(f"{f} {row['likeliest']}/{row['asked']}" for f, row in known.items()
+                                          if f != "all"))
+    print(f"  change written {_share(every['completed'], max(every['asked'], 1))} (forced through that token: "
+          "greedy writes the rest of the replacement as demonstrated)")
+    print("    by family    " + ", ".join(f"{f} {row['completed']}/{row['asked']}" for f, row in known.items()
                                           if f != "all"))
     result = {"params": params, "copy_acc": copy["quote_line"]["accuracy"],
               "error_name": copy["error_name"]["accuracy"],
@@ -519,7 +559,7 @@ def main() -> None:
               "families": list(families),
               "base": str(base),
               "sft": {"steps": args.sft_steps, "lr": args.lr, "demonstrations": demonstrations,
-                      "copy_rows": len(copy_rows), "fix_rows": len(fix_rows), "training_tasks": len(train),
+                      "copy_rows": len(copy_rows), "fix_rows": len(fix_rows), "fix_mix": fix_mix, "training_tasks": len(train),
                       "extra_tasks": n_extra},
               "seconds": round(time.perf_counter() - t0),
               # each held-out task's greedy answer as judged, to read without generating again

@@ -173,6 +173,7 @@ def test_demonstrated_fixes_score_full_and_a_wrong_edit_scores_nothing(bench, tm
         every = known["all"]
         assert every["asked"] == len(tasks) == sum(row["asked"] for f, row in known.items() if f != "all")
         assert every["likeliest"] <= every["top3"] <= every["asked"] and every["over_copy"] <= every["asked"]
+        assert every["completed"] <= every["asked"]
         demo_rows = [r for r in sft_examples(tasks, tokenizer, episode, seed=0, mix={"edit": 1.0}, finish_rate=0.0,
                                              episodes_per_task=1) if r.kind == "edit" and r.turn == 0]
         next_token = {(*r.prompt_ids, *r.response_ids[:j]): r.response_ids[j]
@@ -184,9 +185,24 @@ def test_demonstrated_fixes_score_full_and_a_wrong_edit_scores_nothing(bench, tm
                 logits[0, -1, next_token[tuple(ids[0].tolist())]] = 1.0
                 return SimpleNamespace(logits=logits)
 
+        def demonstrate(_checkpoint, prompts, **_):  # greedy generation by the same stand-in
+            texts = []
+            for prompt in prompts:
+                ids = list(prompt)
+                while tuple(ids) in next_token:
+                    ids.append(next_token[tuple(ids)])
+                texts.append(tokenizer.decode(ids[len(prompt):]))
+            return texts
+
         monkeypatch.setattr("pipeline.policy.loading.load_policy", lambda *_, **__: Demonstrator())
+        monkeypatch.setattr("training.pretrain.greedy_responses", demonstrate)
         every = bench.change_known(tiny_policy, tasks, tokenizer, episode, 0)["all"]
-        assert every == {"asked": len(tasks), "likeliest": len(tasks), "top3": len(tasks), "over_copy": len(tasks)}
+        n = len(tasks)
+        assert every == {"asked": n, "likeliest": n, "top3": n, "over_copy": n, "completed": n}
+        # a policy that writes a stray word after the changed token writes no fix out
+        monkeypatch.setattr("training.pretrain.greedy_responses",
+                            lambda _c, prompts, **_: [" # stray</replace>"] * len(prompts))
+        assert bench.change_known(tiny_policy, tasks, tokenizer, episode, 0)["all"]["completed"] == 0
 
 
 @pytest.mark.slow
@@ -260,3 +276,14 @@ def test_compare_prints_paired_lines_and_names_a_bad_file(bench, tmp_path, capsy
     with pytest.raises(SystemExit, match="different held-out tasks"):
         b.write_text(json.dumps({"held_out_answers": _answers([0, 1])}))
         bench.compare(str(a), str(b))
+
+
+def test_fix_mix_weighs_the_repair_turn_kinds_and_names_a_bad_one(bench, monkeypatch):
+    assert bench.parse_fix_mix("fix_line=2, fix_name=1") == {"fix_line": 2.0, "fix_name": 1.0}
+    for bad, culprit in (("fix_line=two", "'fix_line=two' is not KIND=WEIGHT"), ("quote_line=1", "quote_line"),
+                         ("fix_line=0", "positive weight"), ("fix_name=-1", "-1")):
+        with pytest.raises(ValueError, match=re.escape(culprit)):
+            bench.parse_fix_mix(bad)
+    monkeypatch.setattr("sys.argv", ["base_policy.py", "--fix-mix", "fix_lines=1"])
+    with pytest.raises(SystemExit, match=r"--fix-mix 'fix_lines=1': unknown fix row kind\(s\) \['fix_lines'\]"):
+        bench.main()
