@@ -120,11 +120,10 @@ def _repair_tasks(args, work: Path, judge, families: tuple[str, ...]):
     return train + extras, held, len(extras)
 
 
-FIX_KINDS = ("fix_line", "fix_name")  # pretraining's kinds that are a repair turn (training/pretrain.py)
-
-
 def parse_fix_mix(text: str) -> dict[str, float]:
-    """`--fix-mix` ("fix_line=2,fix_name=1") as a mix of FIX_KINDS; ValueError naming what is wrong."""
+    """`--fix-mix` ("fix_line=2,fix_name=1") as a mix of pretraining's file kinds; ValueError naming what is
+    wrong."""
+    from training.pretrain import FILE_KINDS
     from training.sft_settings import check_mix
 
     mix = {}
@@ -134,7 +133,7 @@ def parse_fix_mix(text: str) -> dict[str, float]:
             mix[kind.strip()] = float(weight)
         except ValueError:
             raise ValueError(f"{part!r} is not KIND=WEIGHT") from None
-    return check_mix(mix, FIX_KINDS, "fix row")
+    return check_mix(mix, FILE_KINDS, "fix row")
 
 
 def fix_line_files(seed: int) -> list[tuple[str, str]]:
@@ -416,8 +415,9 @@ def main() -> None:
                     help="SFT rows of pretraining's fix_line kind (a repair turn on a respelled file: name the bug's "
                     "line, quote it, restore it) on MBPP train and validation programs and standard-library functions")
     ap.add_argument("--fix-mix", default="fix_line=1",
-                    help="kinds of the --fix-rows and their weights, KIND=W comma-separated: fix_line, fix_name (a "
-                    "misspelt name with the NameError it raises shown as the failing test)")
+                    help="kinds of the --fix-rows and their weights, KIND=W comma-separated: fix_line, or any of "
+                    "pretraining's file kinds (fix_name: a misspelt name, its NameError shown; edit_span: a "
+                    "named change on a named line)")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch CPU threads (1: what the figures in docs/pretraining.md used, unless they say)")
     ap.add_argument("--compare", nargs=2, metavar=("A", "B"),
@@ -559,7 +559,8 @@ def main() -> None:
               "families": list(families),
               "base": str(base),
               "sft": {"steps": args.sft_steps, "lr": args.lr, "demonstrations": demonstrations,
-                      "copy_rows": len(copy_rows), "fix_rows": len(fix_rows), "fix_mix": fix_mix, "training_tasks": len(train),
+                      "copy_rows": len(copy_rows), "fix_rows": len(fix_rows), "fix_mix": fix_mix,
+                      "training_tasks": len(train),
                       "extra_tasks": n_extra},
               "seconds": round(time.perf_counter() - t0),
               # each held-out task's greedy answer as judged, to read without generating again

@@ -23,6 +23,9 @@ shows files:
                                                            longer match, on code (fifteenth series)
   error_name  a NameError naming one of its identifiers -> that name
   edit_line   "Change line N to: NEW"                   -> an action whose <search> quotes line N (the grammar)
+  edit_span   the file with one bug of the catalogue, "On line N, change `OLD` to `NEW`" (the bug's span and
+              its fix)                                  -> that edit: line N quoted, then written again with the
+                                                           span changed and the rest copied on after it
   apply_edit  an <edit> block                           -> the whole file after the edit
   fix_line    a repair episode's first turn on the file with one bug of the catalogue -> the repair action
   fix_name    the same with a misspelt name, and the NameError the file raises shown as the visible tests'
@@ -130,6 +133,28 @@ def _shown(path: str, text: str) -> str:
     return render_file(path, text, len(text.splitlines()) + 1, None)  # the whole file, as the episode shows it
 
 
+_RUN = re.compile(r"\w+|\s+|[^\w\s]+")  # a line split without loss: words, blanks, runs of other characters
+
+
+def changed_span(before: str, after: str) -> tuple[str, str]:
+    """(old, new): the shortest run of whole pieces (`_RUN`) of `before` that `after` writes otherwise, and
+    what it writes; an insertion takes the piece after it along (the one before at the line's end), so old
+    is never blank."""
+    a, b = _RUN.findall(before), _RUN.findall(after)
+    lo = 0
+    while lo < min(len(a), len(b)) and a[lo] == b[lo]:
+        lo += 1
+    hi = 0
+    while hi < min(len(a), len(b)) - lo and a[-1 - hi] == b[-1 - hi]:
+        hi += 1
+    while not "".join(a[lo:len(a) - hi]).strip() and (hi or lo):
+        if hi:
+            hi -= 1
+        else:
+            lo -= 1
+    return "".join(a[lo:len(a) - hi]), "".join(b[lo:len(b) - hi])
+
+
 def undefined_name(text: str) -> tuple[str, int] | None:
     """(name, line) of the first name `text` reads but never binds and Python does not provide: what running
     it raises a NameError about (when the first read in the file is the first one run); None when every name
@@ -191,7 +216,7 @@ def copy_task(kind: str, path: str, text: str, rng: random.Random) -> tuple[str,
     if mutated is None:
         return None
     new_text, n = mutated
-    if kind in ("fix_line", "fix_name"):  # a repair turn: one bug of the catalogue, fixed by naming and quoting its line
+    if kind in ("fix_line", "fix_name"):  # a repair turn: one bug, fixed by naming and quoting its line
         note = bugs_note(path, 1)
         first_def = re.search(r"^\s*def (\w+)", text, flags=re.M)
         name = first_def.group(1) if first_def else path
@@ -205,6 +230,12 @@ def copy_task(kind: str, path: str, text: str, rng: random.Random) -> tuple[str,
         fix = tuple(search_replace_edits(path, new_text, text))
         action = Action("edit", bug_think(rng, path=path, name=name, line=n + 1), (0, 0), fix)
         return user_message(note, {path: new_text}, EpisodeSettings(), visible_total=1), render_action(action)
+    if kind == "edit_span":  # the change named, not the line: copy the line, change it there, copy on
+        old, new = changed_span(new_text.splitlines()[n], lines[n])
+        action = Action("edit", f"Line {n + 1} of {path} changes.\n", (0, 0),
+                        tuple(search_replace_edits(path, new_text, text)))
+        message = f"{_shown(path, new_text)}\n\nOn line {n + 1} of {path}, change `{old}` to `{new}`."
+        return message, render_action(action)
     edits = search_replace_edits(path, text, new_text)
     if kind == "edit_line":
         new_line = new_text.splitlines()[n]

@@ -22,7 +22,7 @@ from training.sft_settings import check_betas, check_device, check_mix
 
 # Row kinds (training/pretrain.py `copy_task`, `induction_row`); the first two need no file.
 PRETRAIN_KINDS = ("induction", "induction_repeats", "code", "quote_line", "quote_twin", "quote_many", "error_name",
-                  "edit_line", "apply_edit", "fix_line", "fix_name")
+                  "edit_line", "apply_edit", "fix_line", "fix_name", "edit_span")
 
 
 class PretrainStage(BaseModel):

@@ -279,8 +279,8 @@ def test_compare_prints_paired_lines_and_names_a_bad_file(bench, tmp_path, capsy
 
 
 def test_fix_mix_weighs_the_repair_turn_kinds_and_names_a_bad_one(bench, monkeypatch):
-    assert bench.parse_fix_mix("fix_line=2, fix_name=1") == {"fix_line": 2.0, "fix_name": 1.0}
-    for bad, culprit in (("fix_line=two", "'fix_line=two' is not KIND=WEIGHT"), ("quote_line=1", "quote_line"),
+    assert bench.parse_fix_mix("fix_line=2, edit_span=1") == {"fix_line": 2.0, "edit_span": 1.0}
+    for bad, culprit in (("fix_line=two", "'fix_line=two' is not KIND=WEIGHT"), ("induction=1", "induction"),
                          ("fix_line=0", "positive weight"), ("fix_name=-1", "-1")):
         with pytest.raises(ValueError, match=re.escape(culprit)):
             bench.parse_fix_mix(bad)

@@ -18,6 +18,7 @@ from training.pretrain import (
     DEFAULT_PRETRAIN_MIX,
     FILE_KINDS,
     REPORT_NAME,
+    changed_span,
     copy_accuracy,
     copy_task,
     forced_quote,
@@ -176,7 +177,34 @@ def test_fix_name_shows_the_name_error_its_misspelling_raises_and_restores_the_s
         assert apply_action(action, {"solution.py": buggy}, max_file_bytes=1 << 20)["solution.py"] == FILE
         changed = [(a, b) for a, b in zip(buggy.splitlines(), FILE.splitlines(), strict=True) if a != b]
         assert len(changed) == 1 and set(re.findall(r"\w+", changed[0][0])) - set(re.findall(r"\w+", FILE))
-    assert copy_task("fix_name", "solution.py", "def f():\n    return 1\n", random.Random(0)) is None  # no name to misspell
+    # no name to misspell
+    assert copy_task("fix_name", "solution.py", "def f():\n    return 1\n", random.Random(0)) is None
+
+
+@pytest.mark.parametrize("before, after, span", [
+    ("    (res)", "    return (res)", ("(", "return (")),  # an insertion takes the piece after it along
+    ("def f(rdian):", "def f(radian):", ("rdian", "radian")),  # whole words
+    ("  if a != b:", "  if a == b:", ("!=", "==")),  # whole operators
+    ("  x = f(b, a)", "  x = f(a, b)", ("b, a", "a, b")),
+    ("  foo", "  foo()", ("foo", "foo()")),  # at the line's end: the piece before
+])
+def test_changed_span_is_the_shortest_run_of_whole_pieces_that_differs(before, after, span):
+    old, new = changed_span(before, after)
+    assert (old, new) == span and before.replace(old, new, 1) == after
+
+
+def test_edit_span_names_the_change_and_answers_with_the_line_changed_there():
+    spans = set()
+    for message, answer in _draws("edit_span"):
+        shown = re.search(r"```\n(.*)```", message, re.S).group(1)
+        buggy = "".join(line.split("| ", 1)[1] + "\n" for line in shown.splitlines())
+        n, old, new = re.search(r"On line (\d+) of solution\.py, change `(.+)` to `(.+)`\.$", message).groups()
+        action = parse_response(answer)
+        assert action.edits[0].search.splitlines()[0] == buggy.splitlines()[int(n) - 1]  # line N quoted
+        assert action.edits[0].replace.splitlines()[0] == buggy.splitlines()[int(n) - 1].replace(old, new, 1)
+        assert apply_action(action, {"solution.py": buggy}, max_file_bytes=1 << 20)["solution.py"] == FILE
+        spans.add((old, new))
+    assert len(spans) > 3
 
 
 def test_apply_edit_answers_with_the_whole_file_after_the_shown_edit():
