@@ -222,7 +222,7 @@ def copy_task(kind: str, path: str, text: str, rng: random.Random) -> tuple[str,
         name = first_def.group(1) if first_def else path
         if kind == "fix_name":
             undefined = undefined_name(new_text)
-            if undefined is None or undefined_name(text) is not None:  # the misspelling raises nothing we can name
+            if undefined is None or undefined_name(text) is not None:  # no NameError of the misspelling's own
                 return None
             wrong, at = undefined
             note += (f"\n\nThe visible tests on it:\nVisible tests: 0/1 passed (status: failed).\nFAILED check_00.py: "
