@@ -22,7 +22,8 @@
    `named line quoted`: with each task's demonstrated think (which names line K) and edit header forced,
    the share whose search text the policy then writes is line K verbatim (`named_line_quoted`); `change
    known`: forced on to the token where the demonstrated fix leaves the line, whether that token is the
-   policy's likeliest (in its top 3, likelier than copying the line on), per family. Per bug
+   policy's likeliest (in its top 3, likelier than copying the line on), and `change written`: forced
+   through it, whether greedy writes the rest of the replacement as demonstrated, per family. Per bug
    family (`by_family`): tasks, `line chosen` (the think names the line the demonstration names), found,
    restored, fixed: where the choice of the line, its copy and its fix each stand.
 
@@ -32,7 +33,8 @@ The repair tasks show the visible tests' failing run, as `didpo tasks make-repai
 SFT keeps the base's copying; `--extra-tasks N` adds N repair tasks minted from MBPP's train and validation
 programs (never a test program, so never one held out) to the training side; `--fix-rows N` adds N rows of
 pretraining's `fix_line` kind (a repair turn without a test run on a respelled MBPP train or validation
-program or standard-library function: name the bug's line, quote it, restore it); `--lr` and `--sft-steps` set
+program or standard-library function: name the bug's line, quote it, restore it; `--fix-mix` draws them
+from other kinds of pretraining's rows too, `fix_name` and `edit_span` say); `--lr` and `--sft-steps` set
 the SFT. `named line quoted` is also asked on the training side's programs: far above the held-out figure, the
 SFT has learnt those programs' lines rather than copying.
 
