@@ -415,7 +415,8 @@ def main() -> None:
                     help="share of SFT rows that are pretraining copy rows (training/pretrain.py `rehearsal_examples`)")
     ap.add_argument("--fix-rows", type=int, default=0,
                     help="SFT rows of pretraining's fix_line kind (a repair turn on a respelled file: name the bug's "
-                    "line, quote it, restore it) on MBPP train and validation programs and standard-library functions")
+                    "line, quote it, restore it; other kinds by --fix-mix) on MBPP train and validation programs and "
+                    "standard-library functions")
     ap.add_argument("--fix-mix", default="fix_line=1",
                     help="kinds of the --fix-rows and their weights, KIND=W comma-separated: fix_line, or any of "
                     "pretraining's file kinds (fix_name: a misspelt name, its NameError shown; edit_span: a "

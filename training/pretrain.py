@@ -51,12 +51,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
-from pipeline.agent.episode import render_file, system_prompt, user_message
+from pipeline.agent.episode import render_file, summarize, system_prompt, user_message
 from pipeline.agent.grammar import ACTION_SPECS, Action, parse_response, render_action
 from pipeline.agent.settings import EpisodeSettings
 from pipeline.assets import PRETRAIN_REPORT
+from pipeline.sandbox.judge import CaseResult, ExecResult
 from pipeline.tasks.base import Task
-from pipeline.tasks.repair import bugs_note
+from pipeline.tasks.repair import FAILURE_CHARS, bugs_note
 from training.demonstrations import (
     SftExample,
     bug_think,
@@ -217,16 +218,19 @@ def copy_task(kind: str, path: str, text: str, rng: random.Random) -> tuple[str,
         return None
     new_text, n = mutated
     if kind in ("fix_line", "fix_name"):  # a repair turn: one bug, fixed by naming and quoting its line
-        note = bugs_note(path, 1)
         first_def = re.search(r"^\s*def (\w+)", text, flags=re.M)
         name = first_def.group(1) if first_def else path
+        failure = ""
         if kind == "fix_name":
             undefined = undefined_name(new_text)
             if undefined is None or undefined_name(text) is not None:  # no NameError of the misspelling's own
                 return None
             wrong, at = undefined
-            note += (f"\n\nThe visible tests on it:\nVisible tests: 0/1 passed (status: failed).\nFAILED check_00.py: "
-                     f"{name}(...) -> NameError: name '{wrong}' is not defined ({path}, line {at})")
+            # the report the visible tests' run gives, in the words `summarize` gives every run
+            case = CaseResult(f"check_00.py: {name}(...)", False,
+                              f"NameError: name '{wrong}' is not defined ({path}, line {at})")
+            failure = summarize(ExecResult("failed", 0, 1, 0.0, "none", (case,)), FAILURE_CHARS)
+        note = bugs_note(path, 1, failure)
         fix = tuple(search_replace_edits(path, new_text, text))
         action = Action("edit", bug_think(rng, path=path, name=name, line=n + 1), (0, 0), fix)
         return user_message(note, {path: new_text}, EpisodeSettings(), visible_total=1), render_action(action)

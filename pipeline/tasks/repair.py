@@ -228,9 +228,10 @@ def _main_file(task: Task) -> str | None:
     return py[0] if len(py) == 1 else None
 
 
-def bugs_note(path: str, count: int) -> str:
-    """What a repair task says about its bugs (never where they are)."""
-    return f"The code in {path} has {count} bug{'s' if count > 1 else ''}: fix {'them' if count > 1 else 'it'}."
+def bugs_note(path: str, count: int, failure: str = "") -> str:
+    """What a repair task says about its bugs (never where they are), and the visible tests' failing run."""
+    note = f"The code in {path} has {count} bug{'s' if count > 1 else ''}: fix {'them' if count > 1 else 'it'}."
+    return note + (f"\n\nThe visible tests on it:\n{failure}" if failure else "")
 
 
 def build_task(source_task: Task, recipe: RepairRecipe) -> Task:
@@ -241,9 +242,7 @@ def build_task(source_task: Task, recipe: RepairRecipe) -> Task:
     workspace = {p: t if t.endswith("\n") or not t else t + "\n" for p, t in source_task.reference.items()}
     text = workspace[recipe.path]
     workspace[recipe.path] = apply_bugs(text, recipe.bugs)
-    note = bugs_note(recipe.path, len(recipe.bugs))
-    if recipe.failure:
-        note += f"\n\nThe visible tests on it:\n{recipe.failure}"
+    note = bugs_note(recipe.path, len(recipe.bugs), recipe.failure)
     meta = dict(source_task.meta)
     meta.update({"source_task": source_task.task_id, "bugs": [b.as_json() for b in recipe.bugs],
                  "split_by": recipe.split_by})
