@@ -40,12 +40,15 @@ SFT has learnt those programs' lines rather than copying.
 
 Last line: `base_policy: params=<n> copy_acc=<x> search_found=<x> fix_unseen=<x> fix_baseline=<x>`; the
 SFT's folder keeps base_policy.json: every figure, and each held-out task's answer as judged;
-`--compare A B` pairs two such files task by task (fixed, found, line chosen, restored by both, only one,
-neither, and the exact McNemar p): two runs on one work folder and seed answer the same tasks.
+`--compare A B` pairs two recipes task by task, each side one such file or several comma-separated (the
+same recipe over `--sft-seed`s): each run's count, the tasks where A's runs succeed more often, B's, as often
+or never, and the exact sign test over the tasks that differ (McNemar's exact test for one run a side), for
+fixed, found, line chosen and restored; runs on one work folder and `--seed` answer the same tasks.
 Run: `.venv/bin/python benchmarks/base_policy.py [--base runs/base/final] [--tasks 300 --sft-steps 600]`;
 without a base checkpoint it pretrains one with the default recipe first (`didpo model pretrain`, about an
 hour on two cores; resumable). `--threads 2` uses both cores of a 2-core box (a `small` base: about 20
-minutes). One run per call: repeat with --seed for intervals over seeds.
+minutes). One run per call: repeat with --seed for intervals over seeds, with --sft-seed to repeat a recipe's
+SFT on the same held-out tasks (the base's copying answers are kept in the work folder and asked once).
 """
 
 from __future__ import annotations
@@ -93,6 +96,23 @@ def _base(args, work: Path) -> Path:
     print(f"no base at {base}: pretraining one with the default recipe (resumable)", flush=True)
     pretrain(PretrainSettings(seed=args.seed), base.parent, command="benchmarks/base_policy.py")
     return base
+
+
+def _copy_abilities(base: Path, cache: Path, *, n: int, seed: int) -> dict:
+    """`held_out_abilities` of `base` (greedy, so the same for the same weights, questions and seed): kept in
+    the work folder, so that repeated SFTs on one base ask them once."""
+    from pipeline.tasks import load_source
+    from training.pretrain import held_out_abilities, pretrain_files
+
+    try:
+        return json.loads(cache.read_text())
+    except (OSError, ValueError):  # not asked yet, or a half-written file: ask again
+        pass
+    copy = held_out_abilities(base, pretrain_files(load_source("mbpp", split="test")), n=n, seed=seed)
+    tmp = cache.with_suffix(".tmp")
+    tmp.write_text(json.dumps(copy))
+    tmp.replace(cache)
+    return json.loads(cache.read_text())  # as a later run reads it (JSON lists for tuples): one shape
 
 
 def _repair_tasks(args, work: Path, judge, families: tuple[str, ...]):
@@ -348,29 +368,38 @@ PAIRED = {"fixed": lambda r: r["fixed"], "found": lambda r: r["outcome"] == "fou
           "line_chosen": lambda r: r["line_chosen"], "restored": lambda r: r["where"] == "restored"}
 
 
-def paired(a: list[dict], b: list[dict], measure: str) -> dict[str, int | float]:
-    """Two runs' judged answers on the same held-out tasks (`held_out_answers`), compared task by task on
-    `measure` (a key of PAIRED): tasks where both, only `a`, only `b` or neither succeed, and the exact
-    two-sided McNemar p (a binomial test on the tasks where they differ). Paired, it sees a difference that
-    two overlapping Wilson intervals hide, and it says when one is a coin's worth of tasks."""
+def paired(a: list[list[dict]], b: list[list[dict]], measure: str) -> dict[str, int | float]:
+    """Two recipes' judged answers on the same held-out tasks (`held_out_answers`), each recipe one run or
+    several (SFT seeds), compared task by task on `measure` (a key of PAIRED): the tasks where `a`'s runs
+    succeed more often than `b`'s (`a_ahead`), less often (`b_ahead`), as often and at least once (`level`),
+    or never (`neither`), and the exact two-sided sign test over the tasks where they differ (for one run a
+    side, McNemar's exact test). Paired, it sees a difference that two overlapping Wilson intervals hide,
+    and it says when one is a coin's worth of tasks."""
     from scipy.stats import binomtest
 
-    ids, ids_b = [r["task_id"] for r in a], [r["task_id"] for r in b]
-    if sorted(ids) != sorted(ids_b) or len(set(ids)) != len(ids):
-        raise ValueError(f"the runs answered different held-out tasks ({len(ids)} and {len(ids_b)}): "
+    def rates(runs: list[list[dict]]) -> dict[str, float]:
+        by_run = [{r["task_id"]: bool(PAIRED[measure](r)) for r in run} for run in runs]
+        if any(len(got) != len(run) or got.keys() != by_run[0].keys()
+               for got, run in zip(by_run, runs, strict=True)):
+            raise ValueError("the runs of one side answered different held-out tasks (or one task twice): "
+                             "compare runs of one work folder, seed and split")
+        return {t: sum(got[t] for got in by_run) / len(runs) for t in by_run[0]}
+
+    rate_a, rate_b = rates(a), rates(b)
+    if sorted(rate_a) != sorted(rate_b):
+        raise ValueError(f"the runs answered different held-out tasks ({len(rate_a)} and {len(rate_b)}): "
                          "compare runs of one work folder, seed and split")
-    by_id = {r["task_id"]: PAIRED[measure](r) for r in b}
-    cells = Counter((bool(PAIRED[measure](r)), bool(by_id[r["task_id"]])) for r in a)
-    only_a, only_b = cells[(True, False)], cells[(False, True)]
-    p = binomtest(only_a, only_a + only_b, 0.5).pvalue if only_a + only_b else 1.0
-    return {"both": cells[(True, True)], "only_a": only_a, "only_b": only_b, "neither": cells[(False, False)],
-            "p": float(p)}
+    cells = Counter("a_ahead" if ra > rate_b[t] else "b_ahead" if ra < rate_b[t] else "level" if ra else "neither"
+                    for t, ra in rate_a.items())
+    ahead = cells["a_ahead"] + cells["b_ahead"]
+    p = binomtest(cells["a_ahead"], ahead, 0.5).pvalue if ahead else 1.0
+    return {key: cells[key] for key in ("a_ahead", "b_ahead", "level", "neither")} | {"p": float(p)}
 
 
-def compare(path_a: str, path_b: str) -> None:
-    """`--compare A B`: two base_policy.json files, paired on their held-out tasks, one line per measure."""
+def _judged_runs(paths: str) -> list[list[dict]]:
+    """`--compare`'s side: one base_policy.json or several, comma-separated (one recipe over SFT seeds)."""
     runs = []
-    for path in (path_a, path_b):
+    for path in filter(None, (p.strip() for p in paths.split(","))):
         try:
             answers = json.loads(Path(path).read_text())["held_out_answers"]
             lacking = next((key for r in answers for key in JUDGED if key not in r), None)
@@ -380,22 +409,37 @@ def compare(path_a: str, path_b: str) -> None:
             raise SystemExit(f"base_policy: --compare {path}: not a base_policy.json with judged held-out "
                              f"answers ({type(exc).__name__}: {exc})") from None
         runs.append(answers)
-    print(f"paired over {len(runs[0])} held-out tasks\n  A {path_a}\n  B {path_b}")
-    print(f"  {'measure':<12} {'both':>5} {'only A':>7} {'only B':>7} {'neither':>8}  McNemar exact p")
+    if not runs:
+        raise SystemExit(f"base_policy: --compare {paths!r}: names no file")
+    return runs
+
+
+def compare(paths_a: str, paths_b: str) -> None:
+    """`--compare A B`: two recipes' base_policy.json files (each one, or several comma-separated: SFT seeds),
+    each run's count and the tasks paired, one line per measure."""
+    a, b = _judged_runs(paths_a), _judged_runs(paths_b)
+    print(f"paired over {len(a[0])} held-out tasks\n  A ({len(a)} run{'s' * (len(a) > 1)}) {paths_a}\n"
+          f"  B ({len(b)} run{'s' * (len(b) > 1)}) {paths_b}")
+    print(f"  {'measure':<12} {'A runs':>12} {'B runs':>12} {'A ahead':>8} {'B ahead':>8} {'level':>6} "
+          f"{'neither':>8}  sign test p")
     for measure in PAIRED:
         try:
-            got = paired(runs[0], runs[1], measure)
+            got = paired(a, b, measure)
         except ValueError as exc:
             raise SystemExit(f"base_policy: --compare: {exc}") from None
-        print(f"  {measure:<12} {got['both']:>5} {got['only_a']:>7} {got['only_b']:>7} {got['neither']:>8}  "
-              f"{got['p']:.3f}")
+        counts = [",".join(str(sum(bool(PAIRED[measure](r)) for r in run)) for run in side) for side in (a, b)]
+        print(f"  {measure:<12} {counts[0]:>12} {counts[1]:>12} {got['a_ahead']:>8} {got['b_ahead']:>8} "
+              f"{got['level']:>6} {got['neither']:>8}  {got['p']:.3f}")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--base", help="a pretrained checkpoint (default: runs/base/final, pretrained if missing)")
     ap.add_argument("--work", default=str(ROOT / "runs" / "bench" / "base_policy"))
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="draws the repair tasks and the held-out split")
+    ap.add_argument("--sft-seed", type=int,
+                    help="draws the SFT's demonstrations, fix rows and order (default: --seed): another "
+                         "SFT seed repeats a recipe on the same held-out tasks")
     ap.add_argument("--copy-questions", type=int, default=200)
     ap.add_argument("--tasks", type=int, default=300, help="repair tasks minted (train and held out)")
     ap.add_argument("--max-bugs", type=int, default=1, help="bugs per repair task: 1..this")
@@ -424,7 +468,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1,
                     help="torch CPU threads (1: what the figures in docs/pretraining.md used, unless they say)")
     ap.add_argument("--compare", nargs=2, metavar=("A", "B"),
-                    help="only compare two runs' base_policy.json task by task (paired counts, McNemar p) and exit")
+                    help="only compare two recipes' base_policy.json files task by task and exit: each side one "
+                         "file or several comma-separated (SFT seeds); paired counts, exact sign test p")
     args = ap.parse_args()
     if args.compare:
         compare(*args.compare)
@@ -452,17 +497,19 @@ def main() -> None:
     from pipeline.sandbox import Judge, SandboxPool, SandboxSettings
     from pipeline.tasks import load_source
     from training.demonstrations import sft_examples
-    from training.pretrain import held_out_abilities, pretrain_examples, pretrain_files, rehearsal_examples
+    from training.pretrain import pretrain_examples, pretrain_files, rehearsal_examples
     from training.sft import evaluate_actions, train_sft
     from training.sft_settings import SftSettings
 
+    sft_seed = args.seed if args.sft_seed is None else args.sft_seed
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     base = _base(args, work)
     params = checkpoint_parameters(base)
-    held_files = pretrain_files(load_source("mbpp", split="test"))
-    copy = held_out_abilities(base, held_files, n=args.copy_questions, seed=args.seed)
+    weights = hashlib.sha256((base / "model.safetensors").read_bytes()).hexdigest()[:12]
+    copy = _copy_abilities(base, work / f"copy_{weights}_n{args.copy_questions}_seed{args.seed}.json",
+                           n=args.copy_questions, seed=args.seed)
     print(f"base {base}: {params:,} parameters", flush=True)
     for kind, res in copy.items():
         where = "random  " if kind.startswith("induction") else "held-out"  # random ids: nothing was held out
@@ -488,24 +535,24 @@ def main() -> None:
         print(f"repair tasks (MBPP test programs, split by {args.split_by}): {len(train) - n_extra} train{extra}, "
               f"{len(held)} held out", flush=True)
         tokenizer = load_tokenizer(base)
-        rows = sft_examples(train, tokenizer, episode, seed=args.seed, mix={"edit": 1.0}, finish_rate=0.0,
+        rows = sft_examples(train, tokenizer, episode, seed=sft_seed, mix={"edit": 1.0}, finish_rate=0.0,
                             episodes_per_task=args.episodes)
         rows = [r for r in rows if r.kind == "edit"]
         demonstrations = len(rows)
         copy_rows = rehearsal_examples(pretrain_files(load_source("mbpp", split="train")), tokenizer,
                                        n=round(args.rehearse / (1 - args.rehearse) * demonstrations),
-                                       seed=args.seed) if args.rehearse else []
-        fix_rows = pretrain_examples(fix_line_files(args.seed), tokenizer, n=args.fix_rows, seed=args.seed,
+                                       seed=sft_seed) if args.rehearse else []
+        fix_rows = pretrain_examples(fix_line_files(sft_seed), tokenizer, n=args.fix_rows, seed=sft_seed,
                                      mix=fix_mix, respell=True) if args.fix_rows else []
         rows += copy_rows + fix_rows
-        weights = hashlib.sha256((base / "model.safetensors").read_bytes()).hexdigest()[:12]
         demos = hashlib.sha256(json.dumps([(r.prompt_ids, r.response_ids) for r in rows]).encode()).hexdigest()[:8]
         # per base and demonstrations: a finished SFT is reused only for the same inputs
-        sft_dir = work / f"sft_{weights}_{demos}_lr{args.lr:g}_steps{args.sft_steps}_seed{args.seed}"
+        sft_dir = work / (f"sft_{weights}_{demos}_lr{args.lr:g}_steps{args.sft_steps}_seed{args.seed}"
+                          + (f"_sft{sft_seed}" if sft_seed != args.seed else ""))
         train_sft(base, sft_dir, rows, SftSettings(lr=args.lr, max_steps=args.sft_steps, epochs=100,
                                                    warmup_steps=min(20, args.sft_steps // 10),
                                                    max_tokens_per_batch=4096,
-                                                   seed=args.seed))
+                                                   seed=sft_seed))
         policy = PolicySettings(checkpoint=str(sft_dir), temperature=0.0, max_new_tokens=384)
         ev = evaluate_actions(sft_dir, held, episode, policy, seed=args.seed)
         records = judged(held, ev["responses"], judge, episode.max_file_bytes)
@@ -563,7 +610,7 @@ def main() -> None:
               "base": str(base),
               "sft": {"steps": args.sft_steps, "lr": args.lr, "demonstrations": demonstrations,
                       "copy_rows": len(copy_rows), "fix_rows": len(fix_rows), "fix_mix": fix_mix,
-                      "training_tasks": len(train),
+                      "training_tasks": len(train), "seed": sft_seed,
                       "extra_tasks": n_extra},
               "seconds": round(time.perf_counter() - t0),
               # each held-out task's greedy answer as judged, to read without generating again

@@ -237,45 +237,88 @@ def _answers(fixed, found=None):
              "where": "restored" if f else ""} for i, (f, g) in enumerate(zip(fixed, found, strict=True))]
 
 
+def _cells(got):
+    return tuple(got[k] for k in ("a_ahead", "b_ahead", "level", "neither"))
+
+
 def test_paired_counts_tasks_and_gives_the_exact_mcnemar_p(bench):
     a = _answers([1, 1, 1, 1, 1, 1, 0, 0, 0, 0])
     b = list(reversed(_answers([0, 0, 0, 0, 1, 1, 0, 0, 0, 0])))  # order does not matter: paired by task id
-    got = bench.paired(a, b, "fixed")
-    assert {k: got[k] for k in ("both", "only_a", "only_b", "neither")} == {"both": 2, "only_a": 4, "only_b": 0,
-                                                                           "neither": 4}
+    got = bench.paired([a], [b], "fixed")
+    assert _cells(got) == (4, 0, 2, 4)
     assert got["p"] == pytest.approx(2 * 0.5 ** 4)  # 4 of 4 discordant tasks one way: two-sided binomial
-    assert bench.paired(a, a, "fixed")["p"] == 1.0  # no task differs
-    even = bench.paired(_answers([1, 0]), _answers([0, 1]), "fixed")
-    assert (even["only_a"], even["only_b"], even["p"]) == (1, 1, 1.0)
-    found = bench.paired(_answers([0, 0], found=[1, 0]), _answers([0, 0]), "found")
-    assert (found["only_a"], found["only_b"]) == (1, 0)
+    assert bench.paired([a], [a], "fixed")["p"] == 1.0  # no task differs
+    even = bench.paired([_answers([1, 0])], [_answers([0, 1])], "fixed")
+    assert (even["a_ahead"], even["b_ahead"], even["p"]) == (1, 1, 1.0)
+    found = bench.paired([_answers([0, 0], found=[1, 0])], [_answers([0, 0])], "found")
+    assert (found["a_ahead"], found["b_ahead"]) == (1, 0)
+
+
+def test_paired_over_sft_seeds_compares_how_often_each_side_fixes_a_task(bench):
+    # A's two runs fix task 0 twice, task 1 once, task 2 never, task 3 twice; B's one run fixes 1, 2 and 3
+    a = [_answers([1, 1, 0, 1]), _answers([1, 0, 0, 1])]
+    b = [_answers([0, 1, 1, 1])]
+    got = bench.paired(a, b, "fixed")
+    # task 0: A 1.0 > B 0; task 1: A 0.5 < B 1; task 2: A 0 < B 1; task 3: level at 1.0
+    assert _cells(got) == (1, 2, 1, 0)
+    assert got["p"] == pytest.approx(1.0)  # 1 of 3 differing tasks: a coin's worth
+    assert _cells(bench.paired(a, a, "fixed")) == (0, 0, 3, 1)  # a side against itself is level everywhere
 
 
 def test_paired_refuses_runs_on_different_tasks(bench):
     a = _answers([1, 0, 0])
     with pytest.raises(ValueError, match="different held-out tasks"):
-        bench.paired(a, a[:2], "fixed")
+        bench.paired([a], [a[:2]], "fixed")
     with pytest.raises(ValueError, match="different held-out tasks"):
-        bench.paired(a + a[:1], a + a[1:2], "fixed")  # a task answered twice
+        bench.paired([a + a[:1]], [a + a[1:2]], "fixed")  # a task answered twice
+    with pytest.raises(ValueError, match="runs of one side answered different"):
+        bench.paired([a, a[:2]], [a], "fixed")
 
 
 def test_compare_prints_paired_lines_and_names_a_bad_file(bench, tmp_path, capsys):
     import json
 
-    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a, a2, b = tmp_path / "a.json", tmp_path / "a2.json", tmp_path / "b.json"
     a.write_text(json.dumps({"held_out_answers": _answers([1, 1, 0])}))
+    a2.write_text(json.dumps({"held_out_answers": _answers([1, 0, 0])}))
     b.write_text(json.dumps({"held_out_answers": _answers([0, 1, 0])}))
     bench.compare(str(a), str(b))
     out = capsys.readouterr().out
     assert "paired over 3 held-out tasks" in out
-    assert re.search(r"fixed\s+1\s+1\s+0\s+1\s+1\.000", out)
+    assert re.search(r"fixed\s+2\s+1\s+1\s+0\s+1\s+1\s+1\.000", out)
+    bench.compare(f"{a},{a2}", str(b))  # one recipe over two SFT seeds: each run's count, then the tasks
+    out = capsys.readouterr().out
+    assert "A (2 runs)" in out and re.search(r"fixed\s+2,1\s+1\s+1\s+1\s+0\s+1\s+1\.000", out)
     corrupt = tmp_path / "corrupt.json"
     corrupt.write_text('{"held_out_answers": [{"task_id": "t0"}]}')
     with pytest.raises(SystemExit, match="corrupt.json: not a base_policy.json"):
-        bench.compare(str(a), str(corrupt))
+        bench.compare(f"{a},{corrupt}", str(b))
+    with pytest.raises(SystemExit, match="names no file"):
+        bench.compare(",", str(b))
     with pytest.raises(SystemExit, match="different held-out tasks"):
         b.write_text(json.dumps({"held_out_answers": _answers([0, 1])}))
         bench.compare(str(a), str(b))
+
+
+def test_copy_abilities_are_asked_once_per_base_and_kept(bench, tmp_path, monkeypatch):
+    import json
+
+    import training.pretrain as pretrain
+
+    asked = []
+
+    def abilities(base, files, *, n, seed):
+        asked.append((base, n, seed))
+        return {"quote_line": {"accuracy": 0.5, "n": n, "samples": [("a", "b")]}}
+
+    monkeypatch.setattr(pretrain, "held_out_abilities", abilities)
+    cache = tmp_path / "copy.json"
+    first = bench._copy_abilities(tmp_path, cache, n=4, seed=1)
+    again = bench._copy_abilities(tmp_path, cache, n=4, seed=1)
+    assert asked == [(tmp_path, 4, 1)] and again == first == json.loads(cache.read_text())
+    cache.write_text('{"quote_line": ')  # a run killed while writing: asked again, not a traceback
+    bench._copy_abilities(tmp_path, cache, n=4, seed=1)
+    assert len(asked) == 2 and json.loads(cache.read_text())["quote_line"]["n"] == 4
 
 
 def test_fix_mix_weighs_the_repair_turn_kinds_and_names_a_bad_one(bench, monkeypatch):
