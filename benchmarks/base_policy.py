@@ -43,7 +43,8 @@ SFT's folder keeps base_policy.json: every figure, and each held-out task's answ
 `--compare A B` pairs two recipes task by task, each side one such file or several comma-separated (the
 same recipe over `--sft-seed`s): each run's count, the tasks where A's runs succeed more often, B's, as often
 or never, and the exact sign test over the tasks that differ (McNemar's exact test for one run a side), for
-fixed, found, line chosen and restored; runs on one work folder and `--seed` answer the same tasks.
+fixed, found, line chosen and restored, beside the same test between a side's first two runs (one recipe's
+own SFT seeds apart); runs on one work folder and `--seed` answer the same tasks.
 Run: `.venv/bin/python benchmarks/base_policy.py [--base runs/base/final] [--tasks 300 --sft-steps 600]`;
 without a base checkpoint it pretrains one with the default recipe first (`didpo model pretrain`, about an
 hour on two cores; resumable). `--threads 2` uses both cores of a 2-core box (a `small` base: about 20
@@ -374,7 +375,9 @@ def paired(a: list[list[dict]], b: list[list[dict]], measure: str) -> dict[str, 
     succeed more often than `b`'s (`a_ahead`), less often (`b_ahead`), as often and at least once (`level`),
     or never (`neither`), and the exact two-sided sign test over the tasks where they differ (for one run a
     side, McNemar's exact test). Paired, it sees a difference that two overlapping Wilson intervals hide,
-    and it says when one is a coin's worth of tasks."""
+    and it says when one is a coin's worth of tasks. The test is over tasks given these runs: it sizes a
+    difference between trained policies, and two SFT seeds of one recipe can differ by as much
+    (docs/pretraining.md, twenty-seventh series), which `compare` shows beside it."""
     from scipy.stats import binomtest
 
     def rates(runs: list[list[dict]]) -> dict[str, float]:
@@ -421,15 +424,18 @@ def compare(paths_a: str, paths_b: str) -> None:
     print(f"paired over {len(a[0])} held-out tasks\n  A ({len(a)} run{'s' * (len(a) > 1)}) {paths_a}\n"
           f"  B ({len(b)} run{'s' * (len(b) > 1)}) {paths_b}")
     print(f"  {'measure':<12} {'A runs':>12} {'B runs':>12} {'A ahead':>8} {'B ahead':>8} {'level':>6} "
-          f"{'neither':>8}  sign test p")
+          f"{'neither':>8}  {'sign test p':>11}  {'within A':>8}  {'within B':>8}")
     for measure in PAIRED:
         try:
             got = paired(a, b, measure)
+            # a side's first two runs against each other: how far one recipe's own SFT seeds stand apart
+            within = [f"{paired(side[:1], side[1:2], measure)['p']:.3f}" if len(side) > 1 else "-"
+                      for side in (a, b)]
         except ValueError as exc:
             raise SystemExit(f"base_policy: --compare: {exc}") from None
         counts = [",".join(str(sum(bool(PAIRED[measure](r)) for r in run)) for run in side) for side in (a, b)]
         print(f"  {measure:<12} {counts[0]:>12} {counts[1]:>12} {got['a_ahead']:>8} {got['b_ahead']:>8} "
-              f"{got['level']:>6} {got['neither']:>8}  {got['p']:.3f}")
+              f"{got['level']:>6} {got['neither']:>8}  {got['p']:>11.3f}  {within[0]:>8}  {within[1]:>8}")
 
 
 def main() -> None:

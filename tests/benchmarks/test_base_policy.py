@@ -285,10 +285,11 @@ def test_compare_prints_paired_lines_and_names_a_bad_file(bench, tmp_path, capsy
     bench.compare(str(a), str(b))
     out = capsys.readouterr().out
     assert "paired over 3 held-out tasks" in out
-    assert re.search(r"fixed\s+2\s+1\s+1\s+0\s+1\s+1\s+1\.000", out)
+    assert re.search(r"fixed\s+2\s+1\s+1\s+0\s+1\s+1\s+1\.000\s+-\s+-", out)
     bench.compare(f"{a},{a2}", str(b))  # one recipe over two SFT seeds: each run's count, then the tasks
     out = capsys.readouterr().out
-    assert "A (2 runs)" in out and re.search(r"fixed\s+2,1\s+1\s+1\s+1\s+0\s+1\s+1\.000", out)
+    # A's two runs differ on one task (p 1.0 within A); B has one run, so nothing within it
+    assert "A (2 runs)" in out and re.search(r"fixed\s+2,1\s+1\s+1\s+1\s+0\s+1\s+1\.000\s+1\.000\s+-", out)
     corrupt = tmp_path / "corrupt.json"
     corrupt.write_text('{"held_out_answers": [{"task_id": "t0"}]}')
     with pytest.raises(SystemExit, match="corrupt.json: not a base_policy.json"):
