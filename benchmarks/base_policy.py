@@ -101,7 +101,8 @@ def _base(args, work: Path) -> Path:
 
 def _copy_abilities(base: Path, cache: Path, *, n: int, seed: int) -> dict:
     """`held_out_abilities` of `base` (greedy, so the same for the same weights, questions and seed): kept in
-    the work folder, so that repeated SFTs on one base ask them once."""
+    the work folder, so that repeated SFTs on one base ask them once (delete the file after changing how
+    they are asked: it is keyed by the weights, not by this code)."""
     from pipeline.tasks import load_source
     from training.pretrain import held_out_abilities, pretrain_files
 
