@@ -150,7 +150,7 @@ class AgentRuntime:
 @contextmanager
 def agent_runtime(policy: PolicySettings, sandbox: SandboxSettings) -> Iterator[AgentRuntime]:
     """The runtime of `policy.checkpoint` on its configured backend, with a sandbox pool closed on exit."""
-    from pipeline.policy.handlers import load_generator
+    from pipeline.policy.generation import load_generator
     from pipeline.policy.loading import load_tokenizer
     from pipeline.sandbox import Judge, SandboxPool
 

@@ -21,9 +21,8 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -33,6 +32,9 @@ from pipeline import schema
 from pipeline.assets import asset_dir
 from pipeline.credit.settings import CreditSettings
 from pipeline.storage import Location, location
+
+if TYPE_CHECKING:  # DuckDB loads with the first query: the CLI's other commands (pretraining on a GPU box) run without it
+    import duckdb
 
 SQL_DIR = asset_dir("sql")
 ANALYSIS_DIR = SQL_DIR / "analysis"
@@ -242,6 +244,8 @@ def connect_round(round_dir: str | Path, params: Mapping[str, Any] | None = None
     columns; a table without a folder has no view, unless `absent_as_empty` (a round whose later stages have
     not run yet: no anchors, no advantages). Raises SchemaError for a part that breaks the contract.
     """
+    import duckdb
+
     round_dir = location(round_dir)
     if not round_dir.is_dir():
         raise SqlError(f"{round_dir}: no such round folder")
@@ -286,6 +290,8 @@ def run_layers(con: duckdb.DuckDBPyConnection, only: Iterable[str] | None = None
     only: create just these views (a query's `dependencies`); None = every layered view. A view the
     connection already has is kept. Returns the layered views the connection has afterwards, in order.
     """
+    import duckdb
+
     layered = layered_queries()
     present, existing = present_tables(con), _existing_views(con)
     wanted = None if only is None else set(only)
@@ -311,6 +317,8 @@ def query_table(
     one the query needs, and SqlError (with DuckDB's message) when the query fails, e.g. on a contract check
     inside the SQL.
     """
+    import duckdb
+
     query = find_query(name_or_file)
     views, tables = dependencies(query)
     where = "the connection" if round_dir is None else str(round_dir)

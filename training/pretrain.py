@@ -481,8 +481,7 @@ def greedy_responses(checkpoint: Any, prompts: Sequence[Sequence[int]], *, max_n
     leaving torch's global random state as it was."""
     import torch
 
-    from pipeline.policy.generation import GenerationRequest
-    from pipeline.policy.handlers import load_generator
+    from pipeline.policy.generation import GenerationRequest, load_generator
     from pipeline.policy.settings import PolicySettings
 
     settings = PolicySettings(checkpoint=str(checkpoint), temperature=0.0, max_new_tokens=max_new_tokens,

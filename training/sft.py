@@ -254,8 +254,7 @@ def evaluate_actions(checkpoint: str | os.PathLike[str], tasks: Sequence[Task], 
     """
     import torch
 
-    from pipeline.policy.generation import GenerationRequest
-    from pipeline.policy.handlers import load_generator
+    from pipeline.policy.generation import GenerationRequest, load_generator
     from pipeline.policy.loading import load_tokenizer
 
     if not tasks:

@@ -494,3 +494,56 @@ class VllmGenerator:
             result_from_vllm(r, o, self.tokenizer, self.stop_ids)
             for r, o in zip(requests, outputs, strict=True)
         ]
+
+
+# ---- loading a generator ------------------------------------------------------------------------------
+
+
+class BackendUnavailable(ImportError):
+    """The selected generation backend's packages are not installed."""
+
+
+def load_generator(
+    settings: PolicySettings,
+    *,
+    batch_invariant: bool = True,
+    engine_kwargs: dict[str, Any] | None = None,
+) -> TransformersGenerator | VllmGenerator:
+    """The generator of `settings.backend` for `settings.checkpoint`: the one object an episode calls, whether
+    Beam's RunInference loads it (pipeline.policy.handlers) or a script does. No Beam here, so pretraining and
+    SFT run where only torch and transformers are installed (a GPU box). `batch_invariant` (transformers:
+    False generates a batch in one padded pass, faster and still deterministic for a fixed batch);
+    `engine_kwargs` go to `vllm.LLM` (gpu_memory_utilization, tensor_parallel_size, max_model_len)."""
+    from pipeline.policy.loading import check_checkpoint, load_policy, load_tokenizer
+
+    if settings.backend == "transformers":
+        model = load_policy(settings.checkpoint, dtype=settings.dtype, device=settings.device)
+        return TransformersGenerator(model, load_tokenizer(settings.checkpoint), settings,
+                                     batch_invariant=batch_invariant)
+    try:
+        import vllm
+    except ImportError as e:
+        raise BackendUnavailable(
+            "vllm backend selected but the `gpu` extra is not installed "
+            "(pip install 'didpo[gpu]' on a CUDA machine, or set policy.backend=transformers)"
+        ) from e
+    from transformers import GenerationConfig
+
+    checkpoint = str(check_checkpoint(settings.checkpoint))
+    tokenizer = load_tokenizer(checkpoint)
+    try:
+        generation_config = GenerationConfig.from_pretrained(checkpoint, local_files_only=True)
+    except OSError:  # no generation_config.json: the tokenizer's eos alone ends a response
+        generation_config = None
+    llm = vllm.LLM(
+        model=checkpoint,
+        tokenizer=checkpoint,
+        dtype=settings.dtype,
+        seed=settings.seed,
+        # log-probs of the temperature/top-p distribution actually sampled, as the transformers backend
+        logprobs_mode="processed_logprobs",
+        # our SamplingParams are complete: ignore the checkpoint's sampling defaults
+        generation_config="vllm",
+        **(engine_kwargs or {}),
+    )
+    return VllmGenerator(llm, tokenizer, settings, stop_token_ids(generation_config, tokenizer))

@@ -20,15 +20,11 @@ from pipeline.policy.generation import (
     GenerationResult,
     TransformersGenerator,
     VllmGenerator,
-    stop_token_ids,
+    load_generator,
 )
 from pipeline.policy.settings import PolicySettings
 
 METRICS_NAMESPACE = "didpo_policy"
-
-
-class BackendUnavailable(ImportError):
-    """The selected generation backend's packages are not installed."""
 
 
 class _PolicyHandler(ModelHandler[GenerationRequest, GenerationResult, Any]):
@@ -108,11 +104,7 @@ class TransformersPolicyHandler(_PolicyHandler):
         self.batch_invariant = batch_invariant  # see pipeline.policy.generation's docstring
 
     def load_model(self) -> TransformersGenerator:
-        from pipeline.policy.loading import load_policy, load_tokenizer
-
-        model = load_policy(self.settings.checkpoint, dtype=self.settings.dtype, device=self.settings.device)
-        tokenizer = load_tokenizer(self.settings.checkpoint)
-        return TransformersGenerator(model, tokenizer, self.settings, batch_invariant=self.batch_invariant)
+        return load_generator(self.settings, batch_invariant=self.batch_invariant)
 
 
 class VllmPolicyHandler(_PolicyHandler):
@@ -139,44 +131,7 @@ class VllmPolicyHandler(_PolicyHandler):
         self.engine_kwargs = dict(engine_kwargs or {})
 
     def load_model(self) -> VllmGenerator:
-        try:
-            import vllm
-        except ImportError as e:
-            raise BackendUnavailable(
-                "vllm backend selected but the `gpu` extra is not installed "
-                "(pip install 'didpo[gpu]' on a CUDA machine, or set policy.backend=transformers)"
-            ) from e
-        from transformers import GenerationConfig
-
-        from pipeline.policy.loading import check_checkpoint, load_tokenizer
-
-        checkpoint = str(check_checkpoint(self.settings.checkpoint))
-        tokenizer = load_tokenizer(checkpoint)
-        try:
-            generation_config = GenerationConfig.from_pretrained(checkpoint, local_files_only=True)
-        except OSError:  # no generation_config.json: the tokenizer's eos alone ends a response
-            generation_config = None
-        llm = vllm.LLM(
-            model=checkpoint,
-            tokenizer=checkpoint,
-            dtype=self.settings.dtype,
-            seed=self.settings.seed,
-            # log-probs of the temperature/top-p distribution actually sampled, as the transformers backend
-            logprobs_mode="processed_logprobs",
-            # our SamplingParams are complete: ignore the checkpoint's sampling defaults
-            generation_config="vllm",
-            **self.engine_kwargs,
-        )
-        return VllmGenerator(llm, tokenizer, self.settings, stop_token_ids(generation_config, tokenizer))
-
-
-def load_generator(settings: PolicySettings, *, batch_invariant: bool = True) -> Any:
-    """The generator of `settings.backend` for `settings.checkpoint`, outside Beam: the same object the
-    pipeline's RunInference loads. Its `generate(requests)` is what an episode calls. `batch_invariant=False`
-    (transformers only; vLLM batches anyway) generates a batch in one padded pass: faster, and still
-    deterministic for a fixed batch (pipeline.policy.generation)."""
-    kwargs = {"batch_invariant": batch_invariant} if settings.backend == "transformers" else {}
-    return make_handler(settings, **kwargs).load_model()
+        return load_generator(self.settings, engine_kwargs=self.engine_kwargs)
 
 
 def make_handler(settings: PolicySettings, **kwargs: Any) -> _PolicyHandler:

@@ -243,7 +243,7 @@ def test_the_agent_runtime_loads_the_configured_backend(tiny_policy):
     """Evaluation builds its policy through the backend's handler, as the pipeline's rollouts do: a vLLM
     config is never evaluated with transformers behind the user's back (here vLLM is not installed)."""
     from pipeline.evaluation import agent_runtime
-    from pipeline.policy.handlers import BackendUnavailable
+    from pipeline.policy.generation import BackendUnavailable
     from pipeline.policy.settings import PolicySettings
     from pipeline.sandbox.settings import SandboxSettings
 

@@ -13,10 +13,9 @@ from apache_beam.ml.inference.base import RunInference
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from pipeline.policy.generation import GenerationRequest, TransformersGenerator
+from pipeline.policy.generation import BackendUnavailable, GenerationRequest, TransformersGenerator
 from pipeline.policy.handlers import (
     METRICS_NAMESPACE,
-    BackendUnavailable,
     TransformersPolicyHandler,
     VllmPolicyHandler,
     make_handler,
