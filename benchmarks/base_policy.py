@@ -95,11 +95,11 @@ def _base(args, work: Path) -> Path:
     if args.base:
         raise SystemExit(f"base_policy: no checkpoint at {base}")
     print(f"no base at {base}: pretraining one with the default recipe (resumable)", flush=True)
-    pretrain(PretrainSettings(seed=args.seed), base.parent, command="benchmarks/base_policy.py")
+    pretrain(PretrainSettings(seed=args.seed, device=args.device), base.parent, command="benchmarks/base_policy.py")
     return base
 
 
-def _copy_abilities(base: Path, cache: Path, *, n: int, seed: int) -> dict:
+def _copy_abilities(base: Path, cache: Path, *, n: int, seed: int, device: str = "cpu") -> dict:
     """`held_out_abilities` of `base` (greedy, so the same for the same weights, questions and seed): kept in
     the work folder, so that repeated SFTs on one base ask them once (delete the file after changing how
     they are asked: it is keyed by the weights, not by this code)."""
@@ -110,7 +110,8 @@ def _copy_abilities(base: Path, cache: Path, *, n: int, seed: int) -> dict:
         return json.loads(cache.read_text())
     except (OSError, ValueError):  # not asked yet, or a half-written file: ask again
         pass
-    copy = held_out_abilities(base, pretrain_files(load_source("mbpp", split="test")), n=n, seed=seed)
+    copy = held_out_abilities(base, pretrain_files(load_source("mbpp", split="test")), n=n, seed=seed,
+                              device=device)
     tmp = cache.with_suffix(".tmp")
     tmp.write_text(json.dumps(copy))
     tmp.replace(cache)
@@ -247,7 +248,7 @@ def first_edits(tasks, tokenizer, episode, seed: int) -> list:
                                     episodes_per_task=1) if r.kind == "edit" and r.turn == 0]
 
 
-def named_line_quoted(checkpoint, tasks, tokenizer, episode, seed: int) -> tuple[int, int]:
+def named_line_quoted(checkpoint, tasks, tokenizer, episode, seed: int, device: str = "cpu") -> tuple[int, int]:
     """(held-out tasks whose named line the policy quotes verbatim, tasks asked): each task's demonstration is
     forced up to its search text (`forced_search`), then the policy writes on greedily."""
     from training.pretrain import greedy_responses
@@ -257,7 +258,7 @@ def named_line_quoted(checkpoint, tasks, tokenizer, episode, seed: int) -> tuple
     prompts = [[*row.prompt_ids, *tokenizer(head, add_special_tokens=False)["input_ids"]]
                for row, (head, _) in zip(rows, forced, strict=True)]
     longest = max(len(tokenizer(want, add_special_tokens=False)["input_ids"]) for _, want in forced)
-    texts = greedy_responses(checkpoint, prompts, max_new_tokens=longest + 8, seed=seed)
+    texts = greedy_responses(checkpoint, prompts, max_new_tokens=longest + 8, seed=seed, device=device)
     hits = sum(text.split("\n</search>")[0] == want for text, (_, want) in zip(texts, forced, strict=True))
     return hits, len(rows)
 
@@ -270,7 +271,7 @@ def first_change(demonstrated: list[int], written_back: list[int]) -> int | None
                 None if len(demonstrated) == len(written_back) else min(len(demonstrated), len(written_back)))
 
 
-def change_known(checkpoint, tasks, tokenizer, episode, seed: int) -> dict[str, dict[str, int]]:
+def change_known(checkpoint, tasks, tokenizer, episode, seed: int, device: str = "cpu") -> dict[str, dict[str, int]]:
     """Per bug family (and `all`): with each task's demonstration forced up to the token where its fix leaves
     the line it quotes (`first_change`), is the demonstrated token the policy's likeliest (`likeliest`), among
     its three likeliest (`top3`), and likelier than the token that copies the line on (`over_copy`)? And
@@ -282,7 +283,7 @@ def change_known(checkpoint, tasks, tokenizer, episode, seed: int) -> dict[str, 
     from pipeline.policy.loading import load_policy
     from training.pretrain import greedy_responses
 
-    model = load_policy(checkpoint, device="cpu")
+    model = load_policy(checkpoint, device=device)
     family = {t.task_id: bug_family(t) for t in tasks}
     table: dict[str, Counter] = {}
     through, rests, keys = [], [], []
@@ -295,7 +296,8 @@ def change_known(checkpoint, tasks, tokenizer, episode, seed: int) -> dict[str, 
         if k is None or k >= len(back):
             continue
         with torch.no_grad():
-            logits = model(torch.tensor([[*row.prompt_ids, *row.response_ids[:k]]])).logits[0, -1].float()
+            ids = torch.tensor([[*row.prompt_ids, *row.response_ids[:k]]], device=device)
+            logits = model(ids).logits[0, -1].float().cpu()
         want = row.response_ids[k]
         above = int((logits > logits[want]).sum())
         keys.append((family[row.task_id], "all"))
@@ -305,7 +307,8 @@ def change_known(checkpoint, tasks, tokenizer, episode, seed: int) -> dict[str, 
         through.append([*row.prompt_ids, *row.response_ids[:k + 1]])
         rests.append(tokenizer.decode(row.response_ids[k + 1:]).split(REPLACE_CLOSE)[0])
     longest = max((len(tokenizer(rest, add_special_tokens=False)["input_ids"]) for rest in rests), default=0)
-    written = greedy_responses(checkpoint, through, max_new_tokens=longest + 8, seed=seed) if through else []
+    written = (greedy_responses(checkpoint, through, max_new_tokens=longest + 8, seed=seed, device=device)
+               if through else [])
     for text, rest, key in zip(written, rests, keys, strict=True):
         for name in key:
             table[name].update(completed=text.split(REPLACE_CLOSE)[0] == rest)
@@ -474,6 +477,9 @@ def main() -> None:
                     "named change on a named line)")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch CPU threads (1: what the figures in docs/pretraining.md used, unless they say)")
+    ap.add_argument("--device", default="cpu",
+                    help="where the base is pretrained (when missing), the SFT trains and every answer is generated "
+                         "or scored: cpu, cuda or cuda:N; the sandbox judges on the CPU either way")
     ap.add_argument("--compare", nargs=2, metavar=("A", "B"),
                     help="only compare two recipes' base_policy.json files task by task and exit: each side one "
                          "file or several comma-separated (SFT seeds); paired counts, exact sign test p")
@@ -498,6 +504,14 @@ def main() -> None:
     if args.threads < 1:
         raise SystemExit(f"base_policy: --threads {args.threads}: must be at least 1")
     torch.set_num_threads(args.threads)
+    from training.sft_settings import check_device
+
+    try:
+        check_device(args.device)
+    except ValueError as exc:
+        raise SystemExit(f"base_policy: --device: {exc}") from None
+    if args.device != "cpu" and not torch.cuda.is_available():
+        raise SystemExit(f"base_policy: --device {args.device}: no CUDA device on this machine (use --device cpu)")
     from pipeline.agent import EpisodeSettings
     from pipeline.policy.loading import checkpoint_parameters, load_tokenizer
     from pipeline.policy.settings import PolicySettings
@@ -516,7 +530,7 @@ def main() -> None:
     params = checkpoint_parameters(base)
     weights = hashlib.sha256((base / "model.safetensors").read_bytes()).hexdigest()[:12]
     copy = _copy_abilities(base, work / f"copy_{weights}_n{args.copy_questions}_seed{args.seed}.json",
-                           n=args.copy_questions, seed=args.seed)
+                           n=args.copy_questions, seed=args.seed, device=args.device)
     print(f"base {base}: {params:,} parameters", flush=True)
     for kind, res in copy.items():
         where = "random  " if kind.startswith("induction") else "held-out"  # random ids: nothing was held out
@@ -559,18 +573,18 @@ def main() -> None:
         train_sft(base, sft_dir, rows, SftSettings(lr=args.lr, max_steps=args.sft_steps, epochs=100,
                                                    warmup_steps=min(20, args.sft_steps // 10),
                                                    max_tokens_per_batch=4096,
-                                                   seed=sft_seed))
-        policy = PolicySettings(checkpoint=str(sft_dir), temperature=0.0, max_new_tokens=384)
+                                                   seed=sft_seed, device=args.device))
+        policy = PolicySettings(checkpoint=str(sft_dir), temperature=0.0, max_new_tokens=384, device=args.device)
         ev = evaluate_actions(sft_dir, held, episode, policy, seed=args.seed)
         records = judged(held, ev["responses"], judge, episode.max_file_bytes)
         outcomes = Counter(r["outcome"] for r in records) + Counter(r["where"] for r in records if r["where"])
         found, fixed = outcomes["found"], sum(r["fixed"] for r in records)
         frequent, count = Counter(r.response_text for r in rows[:demonstrations]).most_common(1)[0]
         baseline = sum(r["fixed"] for r in judged(held, [frequent] * len(held), judge, episode.max_file_bytes))
-        named, asked = named_line_quoted(sft_dir, held, tokenizer, episode, args.seed)
+        named, asked = named_line_quoted(sft_dir, held, tokenizer, episode, args.seed, args.device)
         seen = train[:len(held)]  # as many as held out: the same cost and interval width
-        named_seen, asked_seen = named_line_quoted(sft_dir, seen, tokenizer, episode, args.seed)
-        known = change_known(sft_dir, held, tokenizer, episode, args.seed)
+        named_seen, asked_seen = named_line_quoted(sft_dir, seen, tokenizer, episode, args.seed, args.device)
+        known = change_known(sft_dir, held, tokenizer, episode, args.seed, args.device)
     n = len(held)
     print(f"after repair SFT ({demonstrations} demonstrations, {len(copy_rows)} copy rows, "
           f"{len(fix_rows)} fix rows, {args.sft_steps} steps at lr {args.lr}), greedy on {n} held-out tasks "

@@ -308,15 +308,15 @@ def test_copy_abilities_are_asked_once_per_base_and_kept(bench, tmp_path, monkey
 
     asked = []
 
-    def abilities(base, files, *, n, seed):
-        asked.append((base, n, seed))
+    def abilities(base, files, *, n, seed, device):
+        asked.append((base, n, seed, device))
         return {"quote_line": {"accuracy": 0.5, "n": n, "samples": [("a", "b")]}}
 
     monkeypatch.setattr(pretrain, "held_out_abilities", abilities)
     cache = tmp_path / "copy.json"
     first = bench._copy_abilities(tmp_path, cache, n=4, seed=1)
     again = bench._copy_abilities(tmp_path, cache, n=4, seed=1)
-    assert asked == [(tmp_path, 4, 1)] and again == first == json.loads(cache.read_text())
+    assert asked == [(tmp_path, 4, 1, "cpu")] and again == first == json.loads(cache.read_text())
     cache.write_text('{"quote_line": ')  # a run killed while writing: asked again, not a traceback
     bench._copy_abilities(tmp_path, cache, n=4, seed=1)
     assert len(asked) == 2 and json.loads(cache.read_text())["quote_line"]["n"] == 4
@@ -331,3 +331,12 @@ def test_fix_mix_weighs_the_repair_turn_kinds_and_names_a_bad_one(bench, monkeyp
     monkeypatch.setattr("sys.argv", ["base_policy.py", "--fix-mix", "fix_lines=1"])
     with pytest.raises(SystemExit, match=r"--fix-mix 'fix_lines=1': unknown fix row kind\(s\) \['fix_lines'\]"):
         bench.main()
+
+
+def test_device_is_the_cpu_or_a_cuda_device_this_machine_has(bench, monkeypatch):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    for device, culprit in (("gpu", "--device: device must be 'cpu', 'cuda' or 'cuda:N', got 'gpu'"),
+                            ("cuda:1", "--device cuda:1: no CUDA device on this machine")):
+        monkeypatch.setattr("sys.argv", ["base_policy.py", "--device", device])
+        with pytest.raises(SystemExit, match=re.escape(culprit)):
+            bench.main()
