@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -45,8 +47,6 @@ def test_tasks_list_humanevalfix_has_164():
 
 @pytest.mark.slow
 def test_exec_says_which_cases_failed_and_why(tmp_path):
-    import json
-
     from pipeline.tasks import load_source
 
     task = load_source("humanevalfix", limit=1)[0]
@@ -103,6 +103,67 @@ def test_model_pretrain_builds_a_base_and_stops_on_an_unknown_kind_or_a_missed_l
     assert "stage 1-copy ended at loss" in stopped.output and "not below its max_final_loss 0.5" in stopped.output
     assert (tmp_path / "b3" / "stages" / "1-copy" / "model.safetensors").is_file()
     assert not (tmp_path / "b3" / "stages" / "2-later").exists() and not (tmp_path / "b3" / "final").exists()
+
+
+@pytest.mark.slow
+def test_model_pretrain_runs_where_beam_and_duckdb_are_not_installed(tmp_path):
+    """A GPU box that holds torch and transformers but not the pipeline's Beam, DuckDB, Ray or DeepSpeed (the
+    lent device machines: docs/pretraining.md, "On a GPU") pretrains and measures a base with the same
+    command: nothing on that path imports them."""
+    import subprocess
+    import sys
+
+    config = tmp_path / "pretrain.yaml"
+    config.write_text(
+        "pretrain:\n  size: tiny\n  eval_questions: 2\n"
+        "  tasks:\n    train: [{source: mbpp, split: train, limit: 4}]\n"
+        "    eval: [{source: mbpp, split: test, limit: 2}]\n"
+        "  stages:\n    - {name: copy, mix: {quote_line: 1.0, fix_line: 1.0}, steps: 2, warmup_steps: 1,"
+        " max_tokens_per_batch: 1024}\n")
+    absent = ("apache_beam", "duckdb", "ray", "deepspeed", "openrlhf", "vllm")
+    code = (f"import runpy, sys\nfor name in {absent!r}:\n    sys.modules[name] = None  # its import fails\n"
+            f"sys.argv = ['didpo', 'model', 'pretrain', '--out', {str(tmp_path / 'base')!r}, '--config', "
+            f"{str(config)!r}]\nrunpy.run_module('workflows.cli', run_name='__main__')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "held-out copying: quote_line" in done.stdout
+    assert (tmp_path / "base" / "final" / "pretrain_report.json").is_file()
+
+
+@pytest.mark.slow
+def test_the_device_script_pretrains_and_hands_back_the_report_or_how_far_it_got(tmp_path):
+    """scripts/device_pretrain.sh, the lent GPU machine's check, through the same command on the CPU: the base
+    is pretrained and its report lands in $OUT; cut short by its budget, it exits non-zero and says so."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    config = tmp_path / "pretrain.yaml"
+    config.write_text(
+        "pretrain:\n  size: tiny\n  eval_questions: 2\n"
+        "  tasks:\n    train: [{source: mbpp, split: train, limit: 4}]\n"
+        "    eval: [{source: mbpp, split: test, limit: 2}]\n"
+        "  stages:\n    - {name: copy, mix: {quote_line: 1.0}, steps: 2, warmup_steps: 1,"
+        " max_tokens_per_batch: 1024}\n")
+
+    def device_pretrain(name: str, budget: int) -> subprocess.CompletedProcess:
+        env = {**os.environ, "PYTHON": sys.executable, "OUT": str(tmp_path / name), "WORK": str(tmp_path / f"w{name}"),
+               "WHEELS": str(tmp_path / "no-wheels"), "BUDGET_S": str(budget)}
+        return subprocess.run(["bash", str(root / "scripts" / "device_pretrain.sh"), "--config", str(config),
+                               "--set", "pretrain.device=cpu", "--set", "pretrain.size=tiny",
+                               "--set", "pretrain.compute_dtype=float32"],
+                              capture_output=True, text=True, timeout=600, env=env)
+
+    done = device_pretrain("out", 500)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    report = json.loads((tmp_path / "out" / "pretrain_report.json").read_text())
+    assert report["settings"]["size"] == "tiny" and report["stages"][0]["steps"] == 2  # the arguments won
+    assert "device_pretrain: exit 0" in done.stdout
+    assert "held-out copying" in (tmp_path / "out" / "pretrain.log").read_text()
+    cut = device_pretrain("cut", 1)
+    assert cut.returncode == 124 and "device_pretrain: exit 124" in cut.stdout
+    assert not (tmp_path / "cut" / "pretrain_report.json").exists()
 
 
 @pytest.mark.slow
