@@ -48,8 +48,10 @@ own SFT seeds apart); runs on one work folder and `--seed` answer the same tasks
 Run: `.venv/bin/python benchmarks/base_policy.py [--base runs/base/final] [--tasks 300 --sft-steps 600]`;
 without a base checkpoint it pretrains one with the default recipe first (`didpo model pretrain`, about an
 hour on two cores; resumable). `--threads 2` uses both cores of a 2-core box (a `small` base: about 20
-minutes). One run per call: repeat with --seed for intervals over seeds, with --sft-seed to repeat a recipe's
-SFT on the same held-out tasks (the base's copying answers are kept in the work folder and asked once).
+minutes). `--device cuda` pretrains a missing base, trains the SFT and generates and scores every answer on a
+GPU; the sandbox judges on the CPU either way. One run per call: repeat with --seed for intervals over seeds,
+with --sft-seed to repeat a recipe's SFT on the same held-out tasks (the base's copying answers are kept in
+the work folder and asked once).
 """
 
 from __future__ import annotations
