@@ -134,6 +134,7 @@ def test_model_pretrain_runs_where_beam_and_duckdb_are_not_installed(tmp_path):
 def test_the_device_script_pretrains_and_hands_back_the_report_or_how_far_it_got(tmp_path):
     """scripts/device_pretrain.sh, the lent GPU machine's check, through the same command on the CPU: the base
     is pretrained and its report lands in $OUT; cut short by its budget, it exits non-zero and says so."""
+    import hashlib
     import os
     import subprocess
     import sys
@@ -147,9 +148,10 @@ def test_the_device_script_pretrains_and_hands_back_the_report_or_how_far_it_got
         "  stages:\n    - {name: copy, mix: {quote_line: 1.0}, steps: 2, warmup_steps: 1,"
         " max_tokens_per_batch: 1024}\n")
 
-    def device_pretrain(name: str, budget: int) -> subprocess.CompletedProcess:
-        env = {**os.environ, "PYTHON": sys.executable, "OUT": str(tmp_path / name), "WORK": str(tmp_path / f"w{name}"),
-               "WHEELS": str(tmp_path / "no-wheels"), "BUDGET_S": str(budget)}
+    def device_pretrain(name: str, budget: int, work: str = "", hand_back_mb: int = 56) -> subprocess.CompletedProcess:
+        env = {**os.environ, "PYTHON": sys.executable, "OUT": str(tmp_path / name),
+               "WORK": str(tmp_path / f"w{work or name}"), "WHEELS": str(tmp_path / "no-wheels"),
+               "BUDGET_S": str(budget), "HAND_BACK_MB": str(hand_back_mb)}
         return subprocess.run(["bash", str(root / "scripts" / "device_pretrain.sh"), "--config", str(config),
                                "--set", "pretrain.device=cpu", "--set", "pretrain.size=tiny",
                                "--set", "pretrain.compute_dtype=float32"],
@@ -161,6 +163,16 @@ def test_the_device_script_pretrains_and_hands_back_the_report_or_how_far_it_got
     assert report["settings"]["size"] == "tiny" and report["stages"][0]["steps"] == 2  # the arguments won
     assert "device_pretrain: exit 0" in done.stdout
     assert "held-out copying" in (tmp_path / "out" / "pretrain.log").read_text()
+    # the base comes back in parts that rejoin into the checkpoint the report hashes
+    parts = sorted((tmp_path / "out").glob("final.tar.part-*"))
+    assert parts and all(p.stat().st_size <= 15 * 2**20 for p in parts)
+    subprocess.run(["tar", "-xf", "-", "-C", str(tmp_path)], input=b"".join(p.read_bytes() for p in parts),
+                   check=True)
+    weights = (tmp_path / "final" / "model.safetensors").read_bytes()
+    assert hashlib.sha256(weights).hexdigest() == report["sha256"]["model.safetensors"]
+    kept = device_pretrain("kept", 500, work="out", hand_back_mb=0)  # the same folder again: nothing to train
+    assert kept.returncode == 0 and "stays on this machine" in kept.stdout
+    assert not list((tmp_path / "kept").glob("final.tar.part-*"))
     cut = device_pretrain("cut", 1)
     assert cut.returncode == 124 and "device_pretrain: exit 124" in cut.stdout
     assert not (tmp_path / "cut" / "pretrain_report.json").exists()
