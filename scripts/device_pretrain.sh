@@ -21,7 +21,7 @@ if [ -d "$WHEELS" ]; then
   export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
 fi
 export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
-WORK="${WORK:-/tmp/base-medium}"
+WORK="${WORK:-/tmp/device-base}"
 "$PY" -c "import torch; print('device_pretrain: torch', torch.__version__, 'cuda', torch.cuda.is_available(),
 torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')"
 start=$(date +%s)
