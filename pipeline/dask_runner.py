@@ -10,7 +10,8 @@ Beam's `DaskRunner` turns each leaf transform into a `dask.bag` operation. As sh
 
 `DidpoDaskRunner` keeps one bag per output PCollection (a ParDo's bag holds (tag, value) pairs, split by
 tag), runs each bundle's DoFn to the end of `finish_bundle` before returning its outputs, and computes every
-bag that no transform consumes. Two more: a side input is a dependency in the graph (Beam's runner iterates
+bag that no transform consumes, in one graph that dask does not fuse (its fused tasks' names can collide,
+dask/dask#9964: one table's rows reached another's writer). Two more: a side input is a dependency in the graph (Beam's runner iterates
 its bag inside the task that reads it, a second computation of everything upstream: with the
 `Count.Globally` that closes a round's graph, every rollout and every task group's credit ran twice), and a
 graph's elements are spread over one partition per worker thread (Beam's default of 128 elements a partition
@@ -217,7 +218,9 @@ class DidpoDaskRunner(DaskRunner):
         pipeline.replace_all(dask_overrides())
         visitor = self.to_dask_bag_visitor(bag_kwargs)
         pipeline.visit(visitor)
-        # every sink in one graph, optimised together (`dask.optimize(*sinks)` optimises each sink's graph apart,
-        # and what two sinks share would run once for each)
-        futures = client.compute(visitor.sinks())
+        # every sink in one graph (`dask.optimize(*sinks)` optimises each sink's graph apart, and what two sinks
+        # share would run once for each), not fused: dask names a fused chain by its functions' names cut to 115
+        # characters plus four hex characters of the per-process `hash()`, so two chains can get one name and one
+        # aliases the other (dask/dask#9964): a table's writer was handed another table's rows
+        futures = client.compute(visitor.sinks(), optimize_graph=False)
         return _Result(client, futures)

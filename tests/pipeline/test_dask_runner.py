@@ -103,3 +103,41 @@ def test_a_dofn_with_several_consumed_outputs_runs_each_element_once_spread_over
     runs = [f.name.split("-") for f in seen.iterdir()]
     assert sorted(int(x) for x, _ in runs) == list(range(12))  # each element exactly once
     assert len({bundle for _, bundle in runs}) == 2  # one partition (bundle) per worker thread
+
+
+def test_tagged_outputs_stay_apart_when_dask_would_give_two_fused_chains_one_name(cluster, tmp_path, monkeypatch):
+    """Dask's low-level fusion names a fused chain by its functions' names cut to 115 characters and four hex
+    characters of Python's per-process `hash()` (dask/dask#9964): two chains that collide alias one to the
+    other, and a table's writer got another table's rows (`anchors` missing `edit_type`, one CI run in many).
+    Here every fused chain gets one name, the extreme of that collision: each tag's consumer must still see
+    only its own elements, so the runner must not fuse."""
+    import apache_beam as beam
+    import dask.optimization
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    def one_name(keys):
+        first = keys[-1]
+        return ("fused-collision", *first[1:]) if isinstance(first, tuple) else "fused-collision"
+
+    monkeypatch.setattr(dask.optimization, "default_fused_keys_renamer", one_name)
+
+    class Split(beam.DoFn):  # defined here: pickled by value (the workers cannot import a test module)
+        def process(self, x):
+            yield beam.pvalue.TaggedOutput("odd" if x % 2 else "even", x)
+
+    class Record(beam.DoFn):
+        def __init__(self, folder: str, name: str) -> None:
+            self.folder, self.name = folder, name
+
+        def process(self, x):
+            (Path(self.folder) / f"{self.name}-{x}").touch()
+            yield x
+
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    with beam.Pipeline(DASK_RUNNER, options=PipelineOptions([f"--dask_client_address={cluster}"])) as p:
+        out = p | beam.Create(list(range(12))) | beam.ParDo(Split()).with_outputs("odd", "even")
+        for tag in ("odd", "even"):
+            _ = out[tag] | f"Same{tag}" >> beam.Map(lambda x: x) | f"Record{tag}" >> beam.ParDo(Record(str(seen), tag))
+    got = sorted(f.name for f in seen.iterdir())
+    assert got == sorted(f"{'odd' if x % 2 else 'even'}-{x}" for x in range(12))
