@@ -11,11 +11,11 @@ Beam's `DaskRunner` turns each leaf transform into a `dask.bag` operation. As sh
 `DidpoDaskRunner` keeps one bag per output PCollection (a ParDo's bag holds (tag, value) pairs, split by
 tag), runs each bundle's DoFn to the end of `finish_bundle` before returning its outputs, and computes every
 bag that no transform consumes, in one graph that dask does not fuse (its fused tasks' names can collide,
-dask/dask#9964: one table's rows reached another's writer). Two more: a side input is a dependency in the graph (Beam's runner iterates
-its bag inside the task that reads it, a second computation of everything upstream: with the
-`Count.Globally` that closes a round's graph, every rollout and every task group's credit ran twice), and a
-graph's elements are spread over one partition per worker thread (Beam's default of 128 elements a partition
-put a round's few elements, table parts or task groups, on one worker). It also sets each DoFn up once per
+dask/dask#9964: one table's rows reached another's writer). Two more: a side input is a dependency in the
+graph (Beam's runner iterates its bag inside the task that reads it, a second computation of everything
+upstream: with the `Count.Globally` that closes a round's graph, every rollout and every task group's credit
+ran twice), and a graph's elements are spread over one partition per worker thread (Beam's default of 128
+elements a partition put a round's few elements, table parts or task groups, on one worker). It also sets each DoFn up once per
 worker process and reuses it for every bundle (Beam's runner sets up and tears down per partition: a policy
 or sandbox pool per partition).
 Everything else is Beam's runner. Use it as

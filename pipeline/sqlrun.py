@@ -33,7 +33,8 @@ from pipeline.assets import asset_dir
 from pipeline.credit.settings import CreditSettings
 from pipeline.storage import Location, location
 
-if TYPE_CHECKING:  # DuckDB loads with the first query: the CLI's other commands (pretraining on a GPU box) run without it
+# DuckDB loads with the first query, so the CLI's other commands (pretraining on a GPU box) run without it
+if TYPE_CHECKING:
     import duckdb
 
 SQL_DIR = asset_dir("sql")

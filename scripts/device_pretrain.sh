@@ -16,8 +16,8 @@ BUDGET_S="${BUDGET_S:-560}"  # under the call's 600 s, so that what finished sti
 WHEELS="${WHEELS:-.whl}"
 mkdir -p "$OUT_DIR"
 if [ -d "$WHEELS" ]; then
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$WHEELS"/*.whl \
-    || { echo "device_pretrain: the carried wheels did not install" >&2; exit 1; }
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    "$WHEELS"/*.whl || { echo "device_pretrain: the carried wheels did not install" >&2; exit 1; }
   export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
 fi
 export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
